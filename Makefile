@@ -1,0 +1,34 @@
+# Every target bootstraps .venv from pyproject.toml itself (refreshed when pyproject.toml changes).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench validate-seed clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/omnigate demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/estimate.py
+
+validate-seed: $(STAMP)
+	$(BIN)/omnigate loadtest validate-seed
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

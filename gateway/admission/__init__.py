@@ -1,0 +1,1 @@
+"""Admission: classify → queue → dispatch. Pure decision code on an injected clock, plus the anyio shell."""

@@ -1,0 +1,1 @@
+"""Token-cost estimation: text, images (header-only), audio, expected output; modality buckets."""

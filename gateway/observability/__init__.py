@@ -1,0 +1,1 @@
+"""Metrics, access log, alert rules and webhook notifiers."""

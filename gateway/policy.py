@@ -1,0 +1,137 @@
+"""The runtime policy: one pydantic schema for everything ops tune live, loaded, validated and diffed.
+
+A Policy object is immutable once built; reloading builds a new one and swaps the reference, so a
+request in flight keeps the object it started with.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gateway.admission.settings import (
+    BudgetPolicy,
+    ControllerPolicy,
+    FairnessPolicy,
+    QueuePolicy,
+    WindowPolicy,
+)
+from gateway.estimate.settings import BucketPolicy, EstimationPolicy
+from gateway.observability.settings import AlertThresholds
+from gateway.tenants.settings import TenantDefaults
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Timeouts(_Strict):
+    """Upstream timeouts in seconds: connect, wait for the first byte, idle gap between chunks, total."""
+
+    connect: float = Field(2.0, gt=0)
+    first_byte: float = Field(120.0, gt=0)
+    idle: float = Field(60.0, gt=0)
+    total: float = Field(1800.0, gt=0)
+
+
+class PoolPolicy(_Strict):
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    retries: int = Field(1, ge=0, le=3, description="Retries on another backend before the first byte.")
+
+
+class Policy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = 1
+    pool_defaults: PoolPolicy = Field(default_factory=PoolPolicy)
+    pools: dict[str, PoolPolicy] = Field(default_factory=dict)
+    queue: QueuePolicy = Field(default_factory=QueuePolicy)
+    budgets: BudgetPolicy = Field(default_factory=BudgetPolicy)
+    window: WindowPolicy = Field(default_factory=WindowPolicy)
+    controller: ControllerPolicy = Field(default_factory=ControllerPolicy)
+    fairness: FairnessPolicy = Field(default_factory=FairnessPolicy)
+    estimation: EstimationPolicy = Field(default_factory=EstimationPolicy)
+    buckets: BucketPolicy = Field(default_factory=BucketPolicy)
+    tenant_defaults: TenantDefaults = Field(default_factory=TenantDefaults)
+    alerts: AlertThresholds = Field(default_factory=AlertThresholds)
+
+    def pool(self, name: str) -> PoolPolicy:
+        return self.pools.get(name, self.pool_defaults)
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used; the message names the file and the offending fields."""
+
+
+def _format_validation(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def parse_policy(data: Any, source: str = "<policy>") -> Policy:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(f"{source}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as e:
+        raise PolicyError(f"{source}: {_format_validation(e)}") from None
+
+
+def load_policy_text(text: str, source: str = "<policy>") -> Policy:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise PolicyError(f"{source}: invalid YAML: {e}") from None
+    return parse_policy(data, source)
+
+
+def load_policy(path: str | Path) -> Policy:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise PolicyError(f"{p}: cannot read: {e.strerror}") from None
+    return load_policy_text(text, str(p))
+
+
+def policy_schema() -> dict[str, Any]:
+    """JSON Schema of the policy file, for editors (yaml-language-server) and CI checks."""
+    schema = Policy.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "omnigate policy"
+    return schema
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        if not value and prefix:
+            out[prefix] = {}
+        return out
+    return {prefix: value}
+
+
+def diff_policies(old: Policy | dict[str, Any], new: Policy | dict[str, Any]) -> list[str]:
+    """Readable lines `path: old -> new`, one per changed leaf, sorted by path."""
+    a = _flatten(old.model_dump(mode="json") if isinstance(old, Policy) else old)
+    b = _flatten(new.model_dump(mode="json") if isinstance(new, Policy) else new)
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        if key not in a:
+            lines.append(f"+ {key}: {orjson.dumps(b[key]).decode()}")
+        elif key not in b:
+            lines.append(f"- {key}: {orjson.dumps(a[key]).decode()}")
+        elif a[key] != b[key]:
+            lines.append(f"~ {key}: {orjson.dumps(a[key]).decode()} -> {orjson.dumps(b[key]).decode()}")
+    return lines

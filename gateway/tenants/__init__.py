@@ -1,0 +1,1 @@
+"""Tenants, API keys, token quotas and the admin API; sqlite embedded store, redis shared store."""

@@ -1,0 +1,73 @@
+"""The Ticket: the one record a request carries through every stage of the gateway.
+
+Stages read it; few write it. Times are monotonic seconds from the gateway's clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Cost:
+    """Estimated token cost of a request, priced the way the backend will count it."""
+
+    text_tokens: int = 0
+    vision_tokens: int = 0
+    audio_tokens: int = 0
+    expected_output_tokens: int = 0
+    max_output_tokens: int = 0
+    images: int = 0
+    audios: int = 0
+    videos: int = 0
+    remote_media: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Everything the backend prefills: text plus vision plus audio tokens."""
+        return self.text_tokens + self.vision_tokens + self.audio_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus expected output: what quotas reserve at admission."""
+        return self.prompt_tokens + self.expected_output_tokens
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV footprint the request will occupy at its expected end."""
+        return self.prompt_tokens + self.expected_output_tokens
+
+
+@dataclass(slots=True)
+class Usage:
+    """What the backend reported (or what we counted when a stream was cut short)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Ticket:
+    id: str
+    model: str
+    stream: bool
+    arrival: float
+    tenant: str = "anonymous"
+    pool: str = ""
+    traffic_class: str = "interactive"
+    priority: int = 0
+    bucket: str = "text"
+    cost: Cost = field(default_factory=Cost)
+    deadline: float = float("inf")
+    job_id: str | None = None
+    backend: str | None = None
+    dispatched_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    usage: Usage | None = None
+    outcome: str = "pending"
+    error_code: str | None = None
+
+    @property
+    def queue_seconds(self) -> float:
+        return (self.dispatched_at - self.arrival) if self.dispatched_at is not None else 0.0
