@@ -18,6 +18,9 @@ GCCollector(registry=REGISTRY)
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+# estimated / actual tokens: 1.0 is exact, 2.0 a 2x over-estimate, 0.5 half the real count.
+RATIO_BUCKETS = (0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)
 
 REQUESTS = Counter(
     "omnigate_requests_total",
@@ -93,5 +96,128 @@ BACKEND_ACTIVE = Gauge(
     "omnigate_backend_active_requests",
     "Requests the gateway has in flight on each backend.",
     ["pool", "backend"],
+    registry=REGISTRY,
+)
+
+BACKEND_HEALTHY = Gauge(
+    "omnigate_backend_healthy",
+    "1 if the backend's last health checks passed (circuit state aside).",
+    ["pool", "backend"],
+    registry=REGISTRY,
+)
+BACKEND_CIRCUIT = Gauge(
+    "omnigate_backend_circuit_state",
+    "1 for the circuit breaker's current state (closed, open, half_open), 0 for the others.",
+    ["pool", "backend", "state"],
+    registry=REGISTRY,
+)
+BACKEND_CONCURRENCY_LIMIT = Gauge(
+    "omnigate_backend_concurrency_limit",
+    "Adaptive concurrency limit the dispatcher currently applies to each backend.",
+    ["pool", "backend"],
+    registry=REGISTRY,
+)
+BACKEND_PREFILL_TOKENS = Gauge(
+    "omnigate_backend_inflight_prefill_tokens",
+    "Prompt tokens dispatched to each backend whose prefill has not finished (no first token yet).",
+    ["pool", "backend"],
+    registry=REGISTRY,
+)
+BACKEND_KV_TOKENS = Gauge(
+    "omnigate_backend_reserved_kv_tokens",
+    "KV tokens the gateway has reserved on each backend for requests in flight (prompt + expected output).",
+    ["pool", "backend"],
+    registry=REGISTRY,
+)
+BACKEND_KV_USAGE = Gauge(
+    "omnigate_backend_kv_usage_ratio",
+    "KV cache fill (0-1) scraped from the backend's own metrics (sglang:token_usage).",
+    ["pool", "backend"],
+    registry=REGISTRY,
+)
+BACKEND_RUNNING = Gauge(
+    "omnigate_backend_running_requests",
+    "Requests the backend reports running (sglang:num_running_reqs), all clients included.",
+    ["pool", "backend"],
+    registry=REGISTRY,
+)
+BACKEND_QUEUED = Gauge(
+    "omnigate_backend_queued_requests",
+    "Requests waiting inside the backend (sglang:num_queue_reqs).",
+    ["pool", "backend"],
+    registry=REGISTRY,
+)
+QUEUE_DEPTH = Gauge(
+    "omnigate_queue_depth",
+    "Requests waiting in the gateway queue, per pool and priority level.",
+    ["pool", "priority"],
+    registry=REGISTRY,
+)
+QUEUE_OLDEST_WAIT = Gauge(
+    "omnigate_queue_oldest_wait_seconds",
+    "Age of the oldest waiting request, per pool and priority level (0 when empty).",
+    ["pool", "priority"],
+    registry=REGISTRY,
+)
+QUEUE_WAIT = Histogram(
+    "omnigate_queue_wait_seconds",
+    "Time requests spent in the gateway queue before dispatch, per pool and priority level.",
+    ["pool", "priority"],
+    buckets=QUEUE_BUCKETS,
+    registry=REGISTRY,
+)
+WINDOW = Gauge(
+    "omnigate_batch_window_seconds",
+    "Current adaptive batching window of each pool's dispatcher (0 under light load).",
+    ["pool"],
+    registry=REGISTRY,
+)
+SLO_ATTAINMENT = Gauge(
+    "omnigate_slo_attainment_ratio",
+    "Fraction of requests in the rolling window that met every SLO of their class (errors count as misses).",
+    ["traffic_class"],
+    registry=REGISTRY,
+)
+SLO_P99 = Gauge(
+    "omnigate_rolling_p99_seconds",
+    "Gateway-side rolling P99 of TTFT or TPOT per class over the SLO window (what the alert rules read).",
+    ["traffic_class", "objective"],
+    registry=REGISTRY,
+)
+SLO_TARGET = Gauge(
+    "omnigate_slo_target_seconds",
+    "The policy's P99 objective per class (ttft, tpot): the line dashboards draw next to the P99.",
+    ["traffic_class", "objective"],
+    registry=REGISTRY,
+)
+ESTIMATION_ERROR = Histogram(
+    "omnigate_estimation_ratio",
+    "Estimated / actual tokens per finished request (kind: prompt or output); 1 is exact, >1 over-estimates.",
+    ["kind", "bucket"],
+    buckets=RATIO_BUCKETS,
+    registry=REGISTRY,
+)
+TENANT_TOKENS = Counter(
+    "omnigate_tenant_tokens_total",
+    "Tokens charged to each tenant after reconciliation with actual usage (kind: prompt or completion).",
+    ["tenant", "kind"],
+    registry=REGISTRY,
+)
+REMOTE_MEDIA_UNFETCHED = Counter(
+    "omnigate_remote_media_unfetched_total",
+    "Remote media URLs priced with the policy's default size because the gateway does not fetch them.",
+    ["bucket"],
+    registry=REGISTRY,
+)
+ALERTS_FIRING = Gauge(
+    "omnigate_alerts_firing",
+    "Gateway alert rules currently firing (one per rule and subject, summed by rule).",
+    ["rule"],
+    registry=REGISTRY,
+)
+ALERT_NOTIFICATIONS = Counter(
+    "omnigate_alert_notifications_total",
+    "Alert notifications per sink by result (sent, failed after retries, dropped from a full queue).",
+    ["sink", "result"],
     registry=REGISTRY,
 )

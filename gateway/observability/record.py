@@ -1,0 +1,136 @@
+"""Feed the metrics from plain data: one place that knows each metric's labels and units.
+
+The app calls these at the points the request's way already passes (dispatch, finish, reject) and from
+its periodic loop (queue and backend gauges); none of them blocks or raises on odd values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gateway.backends.state import BackendState
+from gateway.observability import metrics as m
+from gateway.observability.rolling import ClassStats
+from gateway.ticket import Ticket
+
+REJECTION_REASONS = (
+    "quota",
+    "budget",
+    "slo_unattainable",
+    "displaced",
+    "queue_full",
+    "bad_input",
+    "backend_error",
+)
+CIRCUIT_STATES = ("closed", "open", "half_open")
+
+
+@dataclass(frozen=True, slots=True)
+class Latencies:
+    """Gateway-measured latencies of one request, in seconds; None when the request never got there.
+
+    TTFT counts from arrival (queue time included: what the client waits), TPOT is
+    (finish - first token) / (completion tokens - 1) as vLLM/SGLang benchmarks define it, E2E is arrival
+    to last byte.
+    """
+
+    ttft: float | None
+    tpot: float | None
+    e2e: float | None
+
+
+def latencies(t: Ticket) -> Latencies:
+    ttft = t.first_token_at - t.arrival if t.first_token_at is not None else None
+    e2e = t.finished_at - t.arrival if t.finished_at is not None else None
+    tpot = None
+    tokens = t.usage.completion_tokens if t.usage is not None else 0
+    if t.first_token_at is not None and t.finished_at is not None and tokens > 1:
+        tpot = (t.finished_at - t.first_token_at) / (tokens - 1)
+    return Latencies(ttft, tpot, e2e)
+
+
+def record_dispatch(t: Ticket) -> None:
+    """A ticket left the queue for a backend: its queue wait."""
+    m.QUEUE_WAIT.labels(t.pool, str(t.priority)).observe(t.queue_seconds)
+
+
+def record_finished(t: Ticket) -> Latencies:
+    """A request the gateway answered (any outcome but a rejection): counts, latencies, tokens, estimates."""
+    m.REQUESTS.labels(t.pool, t.traffic_class, t.tenant, t.bucket, str(t.priority), t.outcome).inc()
+    lat = latencies(t)
+    labels = (t.pool, t.traffic_class)
+    if lat.ttft is not None:
+        m.TTFT.labels(*labels).observe(lat.ttft)
+    if lat.tpot is not None:
+        m.TPOT.labels(*labels).observe(lat.tpot)
+    if lat.e2e is not None and t.outcome == "ok":
+        m.E2E.labels(*labels).observe(lat.e2e)
+    if t.cost.remote_media:
+        m.REMOTE_MEDIA_UNFETCHED.labels(t.bucket).inc(t.cost.remote_media)
+    if t.usage is not None:
+        m.TENANT_TOKENS.labels(t.tenant, "prompt").inc(t.usage.prompt_tokens)
+        m.TENANT_TOKENS.labels(t.tenant, "completion").inc(t.usage.completion_tokens)
+        if t.outcome == "ok":
+            _estimation(t)
+    return lat
+
+
+def _estimation(t: Ticket) -> None:
+    """Ratio estimated/actual; only for completed requests (a cut stream's output count says nothing)."""
+    assert t.usage is not None
+    if t.usage.prompt_tokens > 0:
+        m.ESTIMATION_ERROR.labels("prompt", t.bucket).observe(t.cost.prompt_tokens / t.usage.prompt_tokens)
+    if t.usage.completion_tokens > 0:
+        ratio = t.cost.expected_output_tokens / t.usage.completion_tokens
+        m.ESTIMATION_ERROR.labels("output", t.bucket).observe(ratio)
+
+
+def record_rejection(t: Ticket, reason: str) -> None:
+    """A request the gateway refused; `reason` is one of REJECTION_REASONS."""
+    m.REJECTIONS.labels(reason, t.traffic_class).inc()
+    m.REQUESTS.labels(t.pool, t.traffic_class, t.tenant, t.bucket, str(t.priority), "rejected").inc()
+
+
+def record_queue(pool: str, priority: int, depth: int, oldest_wait_s: float) -> None:
+    m.QUEUE_DEPTH.labels(pool, str(priority)).set(depth)
+    m.QUEUE_OLDEST_WAIT.labels(pool, str(priority)).set(oldest_wait_s)
+
+
+def record_window(pool: str, window_s: float) -> None:
+    m.WINDOW.labels(pool).set(window_s)
+
+
+def record_backends(states: Iterable[BackendState]) -> None:
+    """Gateway accounting and last scrape of each backend; scraped gauges stay unset until a scrape."""
+    for b in states:
+        labels = (b.pool, b.url)
+        m.BACKEND_UP.labels(*labels).set(1 if b.available else 0)
+        m.BACKEND_HEALTHY.labels(*labels).set(1 if b.healthy else 0)
+        for state in CIRCUIT_STATES:
+            m.BACKEND_CIRCUIT.labels(*labels, state).set(1 if b.circuit == state else 0)
+        m.BACKEND_CONCURRENCY_LIMIT.labels(*labels).set(b.concurrency_limit)
+        m.BACKEND_ACTIVE.labels(*labels).set(b.active)
+        m.BACKEND_PREFILL_TOKENS.labels(*labels).set(b.outstanding_tokens)
+        m.BACKEND_KV_TOKENS.labels(*labels).set(b.reserved_kv_tokens)
+        if b.token_usage is not None:
+            m.BACKEND_KV_USAGE.labels(*labels).set(b.token_usage)
+        if b.running_reqs is not None:
+            m.BACKEND_RUNNING.labels(*labels).set(b.running_reqs)
+        if b.queue_reqs is not None:
+            m.BACKEND_QUEUED.labels(*labels).set(b.queue_reqs)
+
+
+def record_slo(stats: Iterable[ClassStats], targets: dict[str, tuple[float | None, float | None]]) -> None:
+    """Rolling attainment/P99 gauges and the SLO target lines; `targets` maps class -> (ttft, tpot)."""
+    for s in stats:
+        if s.attainment is not None:
+            m.SLO_ATTAINMENT.labels(s.traffic_class).set(s.attainment)
+        if s.ttft_p99 is not None:
+            m.SLO_P99.labels(s.traffic_class, "ttft").set(s.ttft_p99)
+        if s.tpot_p99 is not None:
+            m.SLO_P99.labels(s.traffic_class, "tpot").set(s.tpot_p99)
+    for traffic_class, (ttft, tpot) in targets.items():
+        for objective, value in (("ttft", ttft), ("tpot", tpot)):
+            if value is not None:
+                m.SLO_TARGET.labels(traffic_class, objective).set(value)
