@@ -1,10 +1,14 @@
-"""Policy sections for the SLO-aware queue and the dispatcher (owned by the admission room)."""
+"""Policy sections for the SLO-aware queue and the dispatcher (owned by the admission room).
+
+Composed into gateway.policy.Policy under the keys queue, budgets, window, controller, fairness.
+Sections with a `pools` map hold per-pool overrides of the section's own defaults; `for_pool` resolves them.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Strict(BaseModel):
@@ -21,6 +25,11 @@ class SLOClass(_Strict):
     max_queue_depth: int = Field(1024, ge=1)
     max_wait_s: float = Field(30.0, gt=0)
     shed_by_deadline: bool = True
+
+    @property
+    def deadline_budget_s(self) -> float | None:
+        """Seconds from arrival to the deadline the queue orders by: first token, else completion."""
+        return self.ttft_p99_s if self.ttft_p99_s is not None else self.completion_deadline_s
 
 
 class PriorityPolicy(_Strict):
@@ -44,20 +53,51 @@ class QueuePolicy(_Strict):
         }
     )
     priorities: PriorityPolicy = Field(default_factory=PriorityPolicy)
+    initial_prefill_tokens_per_s: float = Field(
+        10000.0, gt=0, description="Per-backend prefill rate assumed until measurements arrive."
+    )
+    prefill_rate_alpha: float = Field(0.2, gt=0, le=1, description="EWMA weight of a new prefill sample.")
+    recheck_interval_s: float = Field(0.1, gt=0, description="How often waiting requests are re-checked.")
 
 
-class BudgetPolicy(_Strict):
+class PoolBudgets(_Strict):
+    """The per-backend budgets of one pool: prefill per round, KV watermark, modality bucket caps."""
+
     prefill_tokens_per_round: int = Field(16384, gt=0)
+    round_s: float = Field(0.5, gt=0, description="Length of one dispatch round (prefill budget period).")
     kv_watermark: float = Field(0.85, gt=0, le=1)
     bucket_caps: dict[str, int] = Field(
         default_factory=lambda: {"multi_image": 16, "single_image": 64, "long_doc": 8}
     )
 
 
+class BudgetPolicy(PoolBudgets):
+    pools: dict[str, PoolBudgets] = Field(default_factory=dict)
+
+    def for_pool(self, pool: str) -> PoolBudgets:
+        return self.pools.get(pool) or self
+
+
+class AccumulatePolicy(_Strict):
+    """Offline pools: hold work until this many prefill tokens are queued or the oldest waited this long."""
+
+    tokens: int = Field(32768, gt=0)
+    max_wait_s: float = Field(2.0, ge=0)
+
+
 class WindowPolicy(_Strict):
     enabled: bool = True
     max_window_s: float = Field(0.05, ge=0)
     light_load_queue_depth: int = Field(1, ge=0)
+    full_window_depth: int = Field(
+        16, ge=1, description="Queue depth above light load at which the window is max."
+    )
+    slack_fraction: float = Field(
+        0.5, ge=0, le=1, description="Share of the oldest request's slack a window may use."
+    )
+    accumulate: dict[str, AccumulatePolicy] = Field(
+        default_factory=lambda: {"offline": AccumulatePolicy()}, description="Pool name → accumulate mode."
+    )
 
 
 class ControllerPolicy(_Strict):
@@ -65,8 +105,24 @@ class ControllerPolicy(_Strict):
     initial: int = Field(32, ge=1)
     min: int = Field(4, ge=1)
     max: int = Field(64, ge=1)
+    smoothing: float = Field(0.2, gt=0, le=1, description="Weight of a new gradient proposal.")
+    tolerance: float = Field(1.5, ge=1, description="Gradient: latency may grow this much over its baseline.")
+    setpoint: float = Field(0.7, gt=0, le=1, description="Gradient: aim at this share of the SLO target.")
+    long_alpha: float = Field(0.05, gt=0, le=1, description="Gradient: EWMA weight of the long baseline.")
+    backoff: float = Field(0.9, gt=0, lt=1, description="AIMD: multiplicative decrease on a drop/SLO miss.")
+    increase: float = Field(1.0, gt=0, description="AIMD: additive increase per good sample.")
+    cooldown_s: float = Field(1.0, ge=0, description="No second decrease within this many seconds.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ControllerPolicy:
+        if not self.min <= self.initial <= self.max:
+            raise ValueError(f"need min <= initial <= max, got {self.min}, {self.initial}, {self.max}")
+        return self
 
 
 class FairnessPolicy(_Strict):
     input_weight: float = Field(1.0, ge=0)
     output_weight: float = Field(2.0, ge=0)
+    weights: dict[str, float] = Field(
+        default_factory=dict, description="Tenant → VTC weight overriding the tenant store's weight."
+    )

@@ -1,0 +1,109 @@
+"""The dispatcher of one pool: which waiting request goes to which backend, within the four budgets.
+
+A request goes to a backend only if all of these hold for that backend:
+- active requests < the backend's concurrency limit (limits.py);
+- prefill tokens released to it in the current round + the request's prompt ≤ the pool's prefill budget
+  per round, except that a request larger than the whole budget may go alone into an empty round;
+- KV: max(scraped used tokens, gateway-reserved tokens) + the request's KV tokens ≤ watermark · the
+  backend's max_total_tokens. The scrape lags our own dispatches and the reservation misses what others
+  (or our under-estimates) hold, so the larger of the two is the occupancy. Until the first scrape tells
+  max_total_tokens the KV check is off; a request may always go to a backend with nothing active;
+- its modality bucket is under the bucket's cap on that backend.
+Among backends that fit: least outstanding estimated tokens (then fewest active, then URL).
+
+Head-of-line: a request that is out only because of its own constraints (its bucket is at cap on every
+backend, or it excludes the backends that have room) is skipped, so a multi_image at its cap never
+blocks text. A request that is out because of shared budgets (concurrency, prefill round, KV) blocks
+everything after it in the order: otherwise a stream of small requests would starve big ones forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from gateway.admission.queue import Entry
+from gateway.admission.settings import PoolBudgets
+from gateway.backends.state import BackendState
+from gateway.ticket import Ticket
+
+
+def kv_occupied(backend: BackendState) -> int:
+    scraped = backend.used_tokens
+    if scraped is None and backend.token_usage is not None and backend.max_total_tokens is not None:
+        scraped = int(backend.token_usage * backend.max_total_tokens)
+    return max(scraped or 0, backend.reserved_kv_tokens)
+
+
+class Dispatcher:
+    def __init__(self) -> None:
+        self.round_started: float | None = None
+        self.round_prefill: dict[str, int] = {}
+
+    def round_open(self, now: float, budgets: PoolBudgets) -> bool:
+        return self.round_started is not None and now < self.round_started + budgets.round_s
+
+    def round_ends(self, budgets: PoolBudgets) -> float | None:
+        return None if self.round_started is None else self.round_started + budgets.round_s
+
+    def open_round(self, now: float) -> None:
+        self.round_started = now
+        self.round_prefill = {}
+
+    def shared_budgets_fit(
+        self, ticket: Ticket, backend: BackendState, budgets: PoolBudgets, limit: int
+    ) -> bool:
+        if backend.active >= limit:
+            return False
+        released = self.round_prefill.get(backend.url, 0)
+        if released and released + ticket.cost.prompt_tokens > budgets.prefill_tokens_per_round:
+            return False
+        total = backend.max_total_tokens
+        if total is None or backend.active == 0:
+            return True
+        return kv_occupied(backend) + ticket.cost.kv_tokens <= budgets.kv_watermark * total
+
+    def place(
+        self,
+        order: Iterable[Entry],
+        backends: Iterable[BackendState],
+        budgets: PoolBudgets,
+        limits: Mapping[str, int],
+    ) -> tuple[Entry, BackendState] | None:
+        """The first entry in `order` that fits somewhere, and where; None when nothing may go now."""
+        usable = [b for b in backends if b.available]
+        for entry in order:
+            ticket = entry.ticket
+            cap = budgets.bucket_caps.get(ticket.bucket)
+            own = [
+                b
+                for b in usable
+                if b.url not in entry.exclude and (cap is None or b.bucket_active.get(ticket.bucket, 0) < cap)
+            ]
+            if not own:
+                continue
+            fitting = [b for b in own if self.shared_budgets_fit(ticket, b, budgets, limits[b.url])]
+            if not fitting:
+                return None
+            return entry, min(fitting, key=lambda b: (b.outstanding_tokens, b.active, b.url))
+        return None
+
+    def commit(self, ticket: Ticket, backend: BackendState) -> None:
+        """Account a dispatch on the backend; `release` undoes exactly this."""
+        cost = ticket.cost
+        backend.active += 1
+        backend.outstanding_tokens += cost.total_tokens
+        backend.reserved_kv_tokens += cost.kv_tokens
+        backend.bucket_active[ticket.bucket] = backend.bucket_active.get(ticket.bucket, 0) + 1
+        self.round_prefill[backend.url] = self.round_prefill.get(backend.url, 0) + cost.prompt_tokens
+
+
+def release(ticket: Ticket, backend: BackendState) -> None:
+    cost = ticket.cost
+    backend.active -= 1
+    backend.outstanding_tokens -= cost.total_tokens
+    backend.reserved_kv_tokens -= cost.kv_tokens
+    left = backend.bucket_active[ticket.bucket] - 1
+    if left:
+        backend.bucket_active[ticket.bucket] = left
+    else:
+        del backend.bucket_active[ticket.bucket]

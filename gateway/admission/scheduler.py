@@ -1,0 +1,333 @@
+"""The anyio shell of one pool: requests wait here until the dispatcher gives them a backend.
+
+Dispatch happens on events: every `acquire`, every lease release and `pump()` (the lead calls it when
+backend health or scrapes change) run the pure dispatcher at once. `run()` is a small timer task for
+what no event announces: a window or round that opens later, and the periodic re-check that sheds
+requests that can no longer meet their deadline. Policy is read through `policy_getter()` at every
+decision, so a reload applies to new decisions while queued and running requests keep the class SLO
+they were admitted with.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from gateway.admission import dispatch
+from gateway.admission.dispatch import Dispatcher, kv_occupied
+from gateway.admission.fairness import VirtualTokenCounters, token_charge
+from gateway.admission.limits import Limit, Sample, make_limit
+from gateway.admission.queue import Entry, SLOQueue, effective_deadline
+from gateway.admission.settings import SLOClass
+from gateway.admission.shedding import PrefillRate, QueueGuard, displaced_error
+from gateway.admission.window import BatchWindow, QueueLoad
+from gateway.backends.state import BackendState
+from gateway.errors import ApiError
+from gateway.policy import Policy
+from gateway.ticket import Ticket, Usage
+
+DROP_OUTCOMES = frozenset({"overloaded"})
+"""Outcomes the concurrency limit treats as drops: the backend answered 503 / queue full."""
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    event: anyio.Event
+    lease: Lease | None = None
+    error: ApiError | None = None
+
+
+class Lease:
+    """A dispatched request's hold on a backend's budgets; `release` gives them all back exactly once."""
+
+    def __init__(self, scheduler: PoolScheduler, entry: Entry, backend: BackendState, charged: float) -> None:
+        self._scheduler = scheduler
+        self.entry = entry
+        self.backend = backend
+        self.charged = charged
+        self.released = False
+
+    @property
+    def ticket(self) -> Ticket:
+        return self.entry.ticket
+
+    def release(
+        self,
+        usage: Usage | None = None,
+        outcome: str = "ok",
+        ttft_s: float | None = None,
+        tpot_s: float | None = None,
+    ) -> None:
+        """Give back every budget (idempotent). `usage` None keeps the estimate as the fairness charge;
+        `ttft_s` is measured from dispatch; outcome "ok" feeds the limit, "overloaded" counts as a drop."""
+        if self.released:
+            return
+        self.released = True
+        self._scheduler._release(self, usage, outcome, ttft_s, tpot_s)
+
+
+class PoolScheduler:
+    def __init__(
+        self,
+        pool: str,
+        backends: list[BackendState],
+        policy_getter: Callable[[], Policy],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        weight_of: Callable[[str], float | None] | None = None,
+    ) -> None:
+        self.pool = pool
+        self.backends = backends
+        self.policy_getter = policy_getter
+        self.clock = clock
+        self.weight_of = weight_of
+        policy = policy_getter()
+        self.counters = VirtualTokenCounters()
+        self.queue = SLOQueue(self.counters)
+        self.rate = PrefillRate(policy.queue.initial_prefill_tokens_per_s)
+        self.guard = QueueGuard(self.queue, self.rate, pool)
+        self.dispatcher = Dispatcher()
+        self.window = BatchWindow()
+        self.limits: dict[str, Limit] = {}
+        self._waiters: dict[Entry, _Waiter] = {}
+        self._leases: set[Lease] = set()
+        self._next_wake = math.inf
+        self._next_sweep = -math.inf
+        self._wake = anyio.Event()
+        self._sync_limits(policy)
+
+    @property
+    def rejections(self) -> dict[tuple[str, str], int]:
+        """Refusals by (reason, traffic class), for the lead's metrics."""
+        return self.guard.rejections
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._leases)
+
+    async def acquire(self, ticket: Ticket, *, exclude: Iterable[str] = ()) -> Lease:
+        """Wait until `ticket` is dispatched; raises ApiError when refused, shed or displaced."""
+        policy = self.policy_getter()
+        slo = policy.queue.classes.get(ticket.traffic_class)
+        if slo is None:
+            raise ApiError(
+                400,
+                f"Unknown traffic class {ticket.traffic_class!r}.",
+                code="unknown_class",
+                param="x-omnigate-class",
+            )
+        excluded = frozenset(exclude)
+        if all(b.url in excluded for b in self.backends):
+            self.guard.rejections[("no_backend", ticket.traffic_class)] += 1
+            raise ApiError(
+                503, f"No backend of pool {self.pool} left to try.", code="no_backend", retry_after=1.0
+            )
+        now = self.clock()
+        weight = self._weight(policy, ticket.tenant)
+        entry = Entry(ticket, slo, effective_deadline(ticket, slo), weight, now, exclude=excluded)
+        victim = self.guard.admit(entry, now, self._available())
+        waiter = self._waiters[entry] = _Waiter(anyio.Event())
+        if victim is not None:
+            self._fail(victim, displaced_error())
+        self.pump()
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            self._abandon(entry, waiter)
+            raise
+        if waiter.error is not None:
+            raise waiter.error
+        assert waiter.lease is not None
+        return waiter.lease
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """Feed the pool's per-backend prefill rate (tokens/s EWMA) from an observed prefill."""
+        self.rate.observe(tokens, seconds, self.policy_getter().queue.prefill_rate_alpha)
+
+    def pump(self) -> None:
+        """Shed what must go, then dispatch everything the window, rounds and budgets allow right now."""
+        policy = self.policy_getter()
+        now = self.clock()
+        self._sync_limits(policy)
+        if self.queue and now >= self._next_sweep:
+            for entry, err in self.guard.sweep(now, self._available()):
+                self._fail(entry, err)
+            self._next_sweep = now + policy.queue.recheck_interval_s
+        budgets = policy.budgets.for_pool(self.pool)
+        limits = {url: lim.limit for url, lim in self.limits.items()}
+        wake = math.inf
+        while self.queue:
+            if not self.dispatcher.round_open(now, budgets):
+                opens = self.window.opens_at(
+                    self.pool, self._load(now, budgets.prefill_tokens_per_round), policy.window
+                )
+                if opens > now:
+                    wake = opens
+                    break
+                self.dispatcher.open_round(now)
+            placed = self.dispatcher.place(self.queue.ordered(), self.backends, budgets, limits)
+            if placed is None:
+                wake = self.dispatcher.round_ends(budgets) or math.inf
+                break
+            self._dispatch(*placed, policy, now)
+        if not self.queue:
+            self.window.length_s = 0.0
+        else:
+            wake = min(wake, self._next_sweep)
+        if wake < self._next_wake:
+            self._wake.set()
+        self._next_wake = wake
+
+    async def run(self) -> None:
+        """Timer task: pump when a window/round opens or a re-check is due. Runs until cancelled."""
+        while True:
+            if self._next_wake <= self.clock():
+                self.pump()
+            self._wake = anyio.Event()
+            delay = self._next_wake - self.clock()
+            with anyio.move_on_after(delay if math.isfinite(delay) else None):
+                await self._wake.wait()
+
+    def snapshot(self) -> dict[str, Any]:
+        """State for /admin/state: queue per priority, oldest wait, window, per-backend budgets."""
+        now = self.clock()
+        oldest = self.queue.oldest()
+        return {
+            "pool": self.pool,
+            "queue_depth": len(self.queue),
+            "queue_by_priority": {str(band): n for band, n in self.queue.depth_by_band().items()},
+            "queued_prefill_tokens": self.queue.prefill_tokens(),
+            "oldest_wait_s": 0.0 if oldest is None else now - oldest.enqueued_at,
+            "window_s": self.window.length_s,
+            "in_flight": self.in_flight,
+            "prefill_tokens_per_s": self.rate.tokens_per_s,
+            "rejections": {f"{reason}/{cls}": n for (reason, cls), n in sorted(self.rejections.items())},
+            "backends": [
+                {
+                    "url": b.url,
+                    "available": b.available,
+                    "limit": self.limits[b.url].limit,
+                    "active": b.active,
+                    "outstanding_tokens": b.outstanding_tokens,
+                    "reserved_kv_tokens": b.reserved_kv_tokens,
+                    "kv_occupied_tokens": kv_occupied(b),
+                    "max_total_tokens": b.max_total_tokens,
+                    "round_prefill_tokens": self.dispatcher.round_prefill.get(b.url, 0),
+                    "buckets": dict(b.bucket_active),
+                }
+                for b in self.backends
+            ],
+        }
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _weight(self, policy: Policy, tenant: str) -> float:
+        weight = policy.fairness.weights.get(tenant)
+        if weight is None and self.weight_of is not None:
+            weight = self.weight_of(tenant)
+        return weight if weight is not None and weight > 0 else policy.tenant_defaults.weight
+
+    def _available(self) -> int:
+        return sum(1 for b in self.backends if b.available)
+
+    def _load(self, now: float, round_budget: int) -> QueueLoad:
+        oldest = self.queue.oldest()
+        assert oldest is not None
+        slack = oldest.deadline - now - oldest.prompt_tokens / self.rate.tokens_per_s
+        return QueueLoad(
+            depth=len(self.queue),
+            prefill_tokens=self.queue.prefill_tokens(),
+            oldest_enqueued_at=oldest.enqueued_at,
+            oldest_slack_s=slack,
+            round_tokens=round_budget * max(1, self._available()),
+        )
+
+    def _sync_limits(self, policy: Policy) -> None:
+        for b in self.backends:
+            current = self.limits.get(b.url)
+            if current is None or current.policy != policy.controller:
+                start = None if current is None else current.limit
+                self.limits[b.url] = current = make_limit(policy.controller, start)
+            b.concurrency_limit = current.limit
+
+    def _dispatch(self, entry: Entry, backend: BackendState, policy: Policy, now: float) -> None:
+        self.queue.remove(entry)
+        ticket = entry.ticket
+        self.dispatcher.commit(ticket, backend)
+        fair = policy.fairness
+        charged = token_charge(
+            ticket.cost.prompt_tokens,
+            ticket.cost.expected_output_tokens,
+            entry.weight,
+            fair.input_weight,
+            fair.output_weight,
+        )
+        self.counters.served(ticket.tenant)
+        self.counters.charge(ticket.tenant, charged)
+        ticket.backend = backend.url
+        ticket.dispatched_at = now
+        lease = Lease(self, entry, backend, charged)
+        self._leases.add(lease)
+        waiter = self._waiters.pop(entry)
+        waiter.lease = lease
+        waiter.event.set()
+
+    def _fail(self, entry: Entry, err: ApiError) -> None:
+        waiter = self._waiters.pop(entry)
+        waiter.error = err
+        waiter.event.set()
+
+    def _abandon(self, entry: Entry, waiter: _Waiter) -> None:
+        """The caller was cancelled while waiting: leave the queue, or give back a lease it never saw."""
+        self._waiters.pop(entry, None)
+        if waiter.lease is not None:
+            waiter.lease.release(Usage(0, 0), "cancelled")
+        elif self.queue.remove(entry):
+            self.pump()
+
+    def _release(
+        self, lease: Lease, usage: Usage | None, outcome: str, ttft_s: float | None, tpot_s: float | None
+    ) -> None:
+        self._leases.discard(lease)
+        ticket, backend, entry = lease.ticket, lease.backend, lease.entry
+        policy = self.policy_getter()
+        in_flight = backend.active
+        dispatch.release(ticket, backend)
+        if usage is not None:
+            fair = policy.fairness
+            actual = token_charge(
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                entry.weight,
+                fair.input_weight,
+                fair.output_weight,
+            )
+            self.counters.charge(ticket.tenant, actual - lease.charged)
+        prompt = (
+            usage.prompt_tokens if usage is not None and usage.prompt_tokens else ticket.cost.prompt_tokens
+        )
+        if outcome == "ok" and ttft_s is not None:
+            self.observe_prefill(prompt, ttft_s)
+        limit = self.limits.get(backend.url)
+        if limit is not None and (outcome == "ok" or outcome in DROP_OUTCOMES):
+            ratio = latency_ratio(entry.slo, ttft_s, tpot_s, prompt / self.rate.tokens_per_s)
+            limit.update(Sample(self.clock(), in_flight, ratio, dropped=outcome in DROP_OUTCOMES))
+            backend.concurrency_limit = limit.limit
+        self.pump()
+
+
+def latency_ratio(
+    slo: SLOClass, ttft_s: float | None, tpot_s: float | None, prefill_s: float
+) -> float | None:
+    """max(TPOT / target, (TTFT − estimated prefill) / target); None when the class sets no such SLO."""
+    parts = []
+    if slo.tpot_p99_s is not None and tpot_s is not None:
+        parts.append(tpot_s / slo.tpot_p99_s)
+    if slo.ttft_p99_s is not None and ttft_s is not None:
+        parts.append(max(0.0, ttft_s - prefill_s) / slo.ttft_p99_s)
+    return max(parts) if parts else None
