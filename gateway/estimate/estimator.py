@@ -1,0 +1,126 @@
+"""The estimate stage's one entry point: price a parsed request, pick its bucket, learn from usage.
+
+    est = Estimator(policy.estimation, policy.buckets)
+    cost, bucket = est.estimate(body, endpoint="chat", tenant="acme")   # may raise ApiError(400)
+    ...
+    est.observe("acme", bucket, cost, usage.prompt_tokens, usage.completion_tokens)
+
+On a policy reload build the next one with `est.reconfigure(new.estimation, new.buckets)`: it keeps the
+output learner, so reloads do not forget what was learned.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import Any, Literal
+
+from gateway.errors import ApiError
+from gateway.estimate.buckets import classify
+from gateway.estimate.content import ContentPricer, TextCounter
+from gateway.estimate.output import OutputEstimator
+from gateway.estimate.settings import BucketPolicy, EstimationPolicy, ModelProfile
+from gateway.estimate.text import TokenizerCounter, estimate_text_tokens
+from gateway.ticket import Cost
+
+_FALLBACK_PROFILE = ModelProfile()
+_MAX_CACHED_MODELS = 1024
+
+
+def _load_counter(policy: EstimationPolicy) -> TextCounter:
+    if policy.tokenizer_json is None:
+        return estimate_text_tokens
+    try:
+        return TokenizerCounter(policy.tokenizer_json)
+    except Exception as e:  # ImportError, missing file, bad JSON: all mean the policy is unusable
+        raise ValueError(f"estimation.tokenizer_json: cannot load {policy.tokenizer_json!r}: {e}") from e
+
+
+def _cap(body: dict[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ApiError(400, f"{key} must be a non-negative integer", code="invalid_value", param=key)
+        return value
+    return None
+
+
+def _choices(body: dict[str, Any]) -> int:
+    n = body.get("n", 1)
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ApiError(400, "n must be a positive integer", code="invalid_value", param="n")
+    return n
+
+
+class Estimator:
+    def __init__(
+        self, policy: EstimationPolicy, buckets: BucketPolicy, *, output: OutputEstimator | None = None
+    ) -> None:
+        self.policy = policy
+        self.buckets = buckets
+        self._count_text = _load_counter(policy)
+        self.output = output or OutputEstimator(
+            policy.default_output_tokens,
+            alpha=policy.output_ewma_alpha,
+            min_samples=policy.output_min_samples,
+            max_keys=policy.output_max_keys,
+        )
+        self._profiles: dict[str, ModelProfile] = {}
+
+    def reconfigure(self, policy: EstimationPolicy, buckets: BucketPolicy) -> Estimator:
+        """A new Estimator for a reloaded policy that keeps (and retunes) the learned output statistics."""
+        out = self.output
+        out.default, out.alpha = policy.default_output_tokens, policy.output_ewma_alpha
+        out.min_samples, out.max_keys = policy.output_min_samples, policy.output_max_keys
+        return Estimator(policy, buckets, output=out)
+
+    def profile(self, model: str) -> ModelProfile:
+        """The first profile whose glob matches the model name (case-sensitive), else the defaults."""
+        found = self._profiles.get(model)
+        if found is None:
+            found = next((p for p in self.policy.models if fnmatchcase(model, p.match)), _FALLBACK_PROFILE)
+            if len(self._profiles) >= _MAX_CACHED_MODELS:
+                self._profiles.clear()
+            self._profiles[model] = found
+        return found
+
+    def estimate(
+        self, body: dict[str, Any], *, endpoint: Literal["chat", "completions"], tenant: str
+    ) -> tuple[Cost, str]:
+        """Price the request and classify it; raises ApiError(400) for bad content or an oversize prompt."""
+        profile = self.profile(body["model"])
+        pricer = ContentPricer(profile, self.policy, self._count_text)
+        if endpoint == "chat":
+            cost = pricer.chat(body["messages"], body.get("tools"))
+        else:
+            cost = pricer.completion(body.get("prompt", ""))
+        self._check_context(cost, profile)
+        bucket = classify(cost, self.buckets)
+        n = _choices(body)
+        room = profile.context_length - cost.prompt_tokens
+        requested = _cap(body)
+        cap = max(1, min(profile.default_max_tokens if requested is None else requested, room))
+        cost.max_output_tokens = cap * n
+        cost.expected_output_tokens = self.output.expected(tenant, bucket, cap * n)
+        return cost, bucket
+
+    def _check_context(self, cost: Cost, profile: ModelProfile) -> None:
+        """Reject what the backend would reject, giving estimated text the benefit of the doubt."""
+        media = cost.vision_tokens + cost.audio_tokens
+        lower_bound = media + int(cost.text_tokens * (1 - self.policy.context_text_slack))
+        if lower_bound >= profile.context_length:
+            raise ApiError(
+                400,
+                f"The input ({cost.prompt_tokens} tokens) is longer than the model's context length "
+                f"({profile.context_length} tokens).",
+                code="context_length_exceeded",
+                param=None,
+            )
+
+    def observe(self, tenant: str, bucket: str, cost: Cost, actual_prompt: int, actual_output: int) -> None:
+        """Feed the output learner with the completion tokens the backend reported (all choices)."""
+        del cost, actual_prompt  # prompt estimates are static; their error is a metric the lead exports
+        self.output.observe(tenant, bucket, actual_output)
