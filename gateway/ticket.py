@@ -63,6 +63,7 @@ class Ticket:
     backend: str | None = None
     dispatched_at: float | None = None
     first_token_at: float | None = None
+    last_token_at: float | None = None
     finished_at: float | None = None
     usage: Usage | None = None
     outcome: str = "pending"

@@ -1,0 +1,157 @@
+"""`omnigate` command line: serve | policy check/schema | sim | demo | loadtest | tenants | alerts."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+from gateway.config import ConfigError, load_config
+from gateway.policy import Policy, PolicyError, diff_policies, load_policy, policy_schema
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(message)s" if level == "access" else "%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    _setup_logging(args.log_level)
+    try:
+        config = load_config(args.config)
+        if args.host:
+            config.listen.host = args.host
+        if args.port is not None:
+            config.listen.port = args.port
+        app = create_app(config)
+    except (ConfigError, PolicyError) as e:
+        print(f"omnigate: {e}", file=sys.stderr)
+        return 2
+    uvicorn.run(
+        app,
+        host=config.listen.host,
+        port=config.listen.port,
+        log_level="warning",
+        access_log=False,
+        loop="auto",
+        http="auto",
+        timeout_graceful_shutdown=10,
+    )
+    return 0
+
+
+def _running_policy(url: str, token: str | None) -> dict | None:
+    import httpx
+
+    try:
+        resp = httpx.get(
+            url.rstrip("/") + "/admin/policy",
+            timeout=3.0,
+            trust_env=False,
+            headers={"authorization": f"Bearer {token}"} if token else {},
+        )
+    except httpx.HTTPError as e:
+        print(f"(could not reach {url}: {type(e).__name__}; diffing against the default policy)")
+        return None
+    if resp.status_code != 200:
+        print(f"(running policy unavailable: HTTP {resp.status_code}; diffing against the default policy)")
+        return None
+    data = orjson.loads(resp.content)
+    return data.get("policy") if isinstance(data, dict) else None
+
+
+def cmd_policy_check(args: argparse.Namespace) -> int:
+    try:
+        new = load_policy(args.file)
+    except PolicyError as e:
+        print(f"INVALID {e}")
+        return 1
+    base: Policy | dict = Policy()
+    label = "default policy"
+    if args.url:
+        running = _running_policy(args.url, args.token or os.environ.get("OMNIGATE_ADMIN_TOKEN"))
+        if running is not None:
+            base, label = running, f"running policy at {args.url}"
+    changes = diff_policies(base, new)
+    print(f"OK {args.file} is valid.")
+    if changes:
+        print(f"Changes against the {label}:")
+        for line in changes:
+            print(f"  {line}")
+    else:
+        print(f"No changes against the {label}.")
+    return 0
+
+
+def cmd_policy_schema(args: argparse.Namespace) -> int:
+    text = orjson.dumps(policy_schema(), option=orjson.OPT_INDENT_2).decode()
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+def _delegate(module: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        main = importlib.import_module(module).main
+        return int(main(args.rest) or 0)
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omnigate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", default="config/gateway.yaml")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=cmd_serve)
+
+    policy = sub.add_parser("policy", help="validate or export policy files")
+    psub = policy.add_subparsers(dest="policy_command", required=True)
+    check = psub.add_parser("check", help="validate FILE and diff it against the running or default policy")
+    check.add_argument("file")
+    check.add_argument("--url", help="gateway base URL to diff against its running policy")
+    check.add_argument("--token", help="admin token (default: $OMNIGATE_ADMIN_TOKEN)")
+    check.set_defaults(func=cmd_policy_check)
+    schema = psub.add_parser("schema", help="print the policy JSON Schema")
+    schema.add_argument("--output", "-o")
+    schema.set_defaults(func=cmd_policy_schema)
+
+    for name, module, text in (
+        ("sim", "loadtest.sim.cli", "run a simulated SGLang (Omni) backend"),
+        ("demo", "gateway.demo", "simulated backends + gateway + live view"),
+        ("loadtest", "loadtest.cli", "the validation harness: run | sweep | compare | validate-seed"),
+        ("tenants", "gateway.tenants.cli", "manage tenants, keys and usage via the admin API"),
+        ("alerts", "gateway.observability.cli", "alerting tools: test"),
+    ):
+        p = sub.add_parser(name, help=text, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_delegate(module))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,171 @@
+"""Parse and validate the OpenAI request envelope; the estimate room validates content parts.
+
+Checks happen in the order a client would want to hear about them: content type, size, JSON, then fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+from starlette.requests import Request
+
+from gateway.errors import ApiError
+
+Endpoint = Literal["chat", "completions"]
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    endpoint: Endpoint
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    include_usage: bool
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """Read the body, refusing early (413) when Content-Length or the streamed size passes the limit."""
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";", 1)[0].strip().lower() != "application/json":
+        raise ApiError(415, "Content-Type must be application/json.", code="unsupported_media_type")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise ApiError(400, "Invalid Content-Length header.", code="invalid_request") from None
+        if size > max_bytes:
+            raise ApiError(
+                413,
+                f"Request body of {size} bytes exceeds the {max_bytes}-byte limit.",
+                code="request_too_large",
+            )
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > max_bytes:
+            raise ApiError(413, f"Request body exceeds the {max_bytes}-byte limit.", code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _expect(
+    body: dict[str, Any], name: str, types: tuple[type, ...], what: str, required: bool = False
+) -> Any:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise ApiError(
+                400, f"Missing required parameter: '{name}'.", param=name, code="missing_required_parameter"
+            )
+        return None
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise ApiError(400, f"Invalid type for '{name}': expected {what}.", param=name, code="invalid_type")
+    return value
+
+
+def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
+    if not raw:
+        raise ApiError(400, "Request body is empty; expected a JSON object.", code="invalid_json")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise ApiError(400, f"Request body is not valid JSON: {e}.", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "Request body must be a JSON object.", code="invalid_json")
+    model = _expect(body, "model", (str,), "a string", required=True)
+    if not model:
+        raise ApiError(400, "Parameter 'model' must not be empty.", param="model", code="invalid_value")
+    if endpoint == "chat":
+        messages = _expect(body, "messages", (list,), "an array", required=True)
+        if not messages:
+            raise ApiError(
+                400, "Parameter 'messages' must not be empty.", param="messages", code="invalid_value"
+            )
+        for i, msg in enumerate(messages):
+            if not isinstance(msg, dict):
+                raise ApiError(
+                    400, f"messages[{i}] must be an object.", param=f"messages[{i}]", code="invalid_type"
+                )
+            role = msg.get("role")
+            if not isinstance(role, str):
+                raise ApiError(
+                    400,
+                    f"messages[{i}].role must be a string.",
+                    param=f"messages[{i}].role",
+                    code="invalid_type",
+                )
+            content = msg.get("content")
+            if content is not None and not isinstance(content, (str, list)):
+                raise ApiError(
+                    400,
+                    f"messages[{i}].content must be a string or an array of content parts.",
+                    param=f"messages[{i}].content",
+                    code="invalid_type",
+                )
+    else:
+        prompt = body.get("prompt")
+        if prompt is None:
+            raise ApiError(
+                400,
+                "Missing required parameter: 'prompt'.",
+                param="prompt",
+                code="missing_required_parameter",
+            )
+        if not isinstance(prompt, (str, list)):
+            raise ApiError(
+                400,
+                "Invalid type for 'prompt': expected a string or an array.",
+                param="prompt",
+                code="invalid_type",
+            )
+    stream = _expect(body, "stream", (bool,), "a boolean") or False
+    for name in ("max_tokens", "max_completion_tokens", "n"):
+        value = _expect(body, name, (int,), "an integer")
+        if value is not None and value < (0 if name != "n" else 1):
+            raise ApiError(400, f"Invalid value for '{name}': {value}.", param=name, code="invalid_value")
+    if (body.get("n") or 1) != 1:
+        raise ApiError(400, "Only n=1 is supported.", param="n", code="invalid_value")
+    _expect(body, "temperature", (int, float), "a number")
+    _expect(body, "top_p", (int, float), "a number")
+    _expect(body, "priority", (int,), "an integer")
+    options = _expect(body, "stream_options", (dict,), "an object") or {}
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise ApiError(
+            400,
+            "Invalid type for 'stream_options.include_usage': expected a boolean.",
+            param="stream_options.include_usage",
+            code="invalid_type",
+        )
+    return ParsedRequest(
+        endpoint=endpoint, body=body, model=model, stream=stream, include_usage=include_usage
+    )
+
+
+def upstream_error(status: int, raw: bytes) -> ApiError:
+    """Map a backend's error body (SGLang `{"object":"error",...}`, `{"detail":...}`, or anything) to ours."""
+    message = None
+    code: Any = None
+    err_type = None
+    try:
+        data = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        data = None
+    if isinstance(data, dict):
+        inner = data.get("error") if isinstance(data.get("error"), dict) else data
+        message = inner.get("message") or inner.get("detail")
+        code = inner.get("code")
+        err_type = inner.get("type")
+    if not isinstance(message, str) or not message:
+        message = f"Backend returned HTTP {status}."
+    mapped = status if status in (400, 404, 413, 422, 429) else (503 if status == 503 else 502)
+    return ApiError(
+        mapped,
+        message,
+        code=str(code) if code is not None else "upstream_error",
+        type=err_type if isinstance(err_type, str) else None,
+    )

@@ -1,0 +1,271 @@
+"""The request's way for /v1/chat/completions and /v1/completions, as one straight line.
+
+read + validate → route to pool → (admission stages) → acquire a backend → open upstream (retry once before
+the first byte) → relay → finish: release, account, measure. A client disconnect at any point cancels the
+line; the `finally` releases whatever the request held.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import orjson
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from gateway.asgi import send_error, send_json
+from gateway.errors import ApiError
+from gateway.observability import metrics
+from gateway.openai_api import Endpoint, ParsedRequest, parse_request, read_body, upstream_error
+from gateway.proxy import OpenUpstream, UpstreamError, open_upstream
+from gateway.sse import SSERelay, error_event
+from gateway.ticket import Ticket, Usage
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+    from gateway.backends.pool import Pool
+    from gateway.backends.select import Lease
+
+log = logging.getLogger("omnigate.pipeline")
+
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class Exchange:
+    """One client exchange: tracks whether headers went out and whether the client left."""
+
+    __slots__ = ("complete", "disconnected", "send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+        self.complete = False
+        self.disconnected = False
+
+    async def finish(self, body: bytes) -> None:
+        """Send the last bytes; servers report a disconnect once a response completes, so mark it first."""
+        self.complete = True
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not self.complete:
+                    self.disconnected = True
+                    scope.cancel()
+                return
+
+
+class CompletionEndpoint:
+    """ASGI endpoint for one OpenAI route; owns the whole exchange so it can stream, retry and cancel."""
+
+    def __init__(self, gateway: Gateway, endpoint: Endpoint, upstream_path: str) -> None:
+        self.gw = gateway
+        self.endpoint = endpoint
+        self.path = upstream_path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        ex = Exchange(send)
+        ticket: Ticket | None = None
+        policy = self.gw.policy.current  # this request keeps this policy object to the end
+        try:
+            raw = await read_body(request, self.gw.config.limits.max_body_bytes)
+            parsed = parse_request(raw, self.endpoint)
+            ticket = Ticket(
+                id=scope["state"]["request_id"],
+                model=parsed.model,
+                stream=parsed.stream,
+                arrival=time.monotonic(),
+            )
+            scope["state"]["access"] = access = {"model": parsed.model, "stream": parsed.stream}
+            pool = await self.gw.admit(ticket, parsed, request, policy)
+            access.update(
+                pool=ticket.pool,
+                traffic_class=ticket.traffic_class,
+                tenant=ticket.tenant,
+                bucket=ticket.bucket,
+                priority=ticket.priority,
+            )
+            failure: Exception | None = None
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ex.watch_disconnect, receive, tg.cancel_scope)
+                try:
+                    await self._serve(ex, ticket, parsed, pool, policy)
+                except Exception as e:  # re-raised below, unwrapped from the task group's ExceptionGroup
+                    failure = e
+                tg.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
+        except ApiError as e:
+            if ticket is not None:
+                ticket.outcome = "rejected" if e.status in (429, 503) else "client_error"
+                ticket.error_code = e.code
+            if not ex.started and not ex.disconnected:
+                await send_error(send, e)
+        except Exception:
+            log.exception("request %s failed", scope["state"].get("request_id"))
+            if ticket is not None:
+                ticket.outcome = "internal_error"
+            if not ex.started and not ex.disconnected:
+                await send_error(send, ApiError(500, "Internal gateway error.", code="internal_error"))
+        finally:
+            if ticket is not None:
+                if ex.disconnected and ticket.outcome in ("pending", "ok"):
+                    ticket.outcome = "cancelled"
+                self.gw.finish(ticket)
+                scope["state"].setdefault("access", {}).update(self.gw.access_fields(ticket))
+
+    async def _serve(
+        self, ex: Exchange, ticket: Ticket, parsed: ParsedRequest, pool: Pool, policy: Any
+    ) -> None:
+        body = parsed.body
+        strip_usage = parsed.stream and not parsed.include_usage
+        if strip_usage:
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        payload = orjson.dumps(body)
+        headers = {"content-type": "application/json", "x-request-id": ticket.id}
+        timeouts = policy.pool(pool.name).timeouts
+        upstream, lease = await self._open(ticket, pool, payload, headers, policy)
+        try:
+            if parsed.stream:
+                await self._relay_stream(ex, ticket, pool, lease, upstream, strip_usage, timeouts)
+            else:
+                await self._send_whole(ex, ticket, upstream)
+        finally:
+            await upstream.aclose()
+            self.gw.release(ticket, lease)
+
+    async def _open(
+        self, ticket: Ticket, pool: Pool, payload: bytes, headers: dict[str, str], policy: Any
+    ) -> tuple[OpenUpstream, Lease]:
+        pool_policy = policy.pool(pool.name)
+        exclude: set[str] = set()
+        dispatcher = self.gw.dispatchers[pool.name]
+        while True:
+            lease = await dispatcher.acquire(ticket, exclude=exclude)
+            backend = lease.backend
+            ticket.backend = pool.backend_id(backend)
+            ticket.dispatched_at = time.monotonic()
+            assert pool.client is not None
+            try:
+                upstream = await open_upstream(
+                    pool.client,
+                    backend.url + self.path,
+                    payload,
+                    headers,
+                    pool_policy.timeouts,
+                    stream=ticket.stream,
+                )
+            except UpstreamError as e:
+                lease.release(None, "upstream_error")
+                metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend, e.phase).inc()
+                if e.phase != "status" or e.status >= 500:
+                    pool.record_failure(backend)
+                exclude.add(backend.url)
+                if (
+                    e.retryable
+                    and len(exclude) <= pool_policy.retries
+                    and any(b.available and b.url not in exclude for b in pool.backends)
+                ):
+                    metrics.UPSTREAM_RETRIES.labels(pool.name).inc()
+                    log.warning(
+                        "request %s: %s on %s; retrying on another backend",
+                        ticket.id,
+                        e.message,
+                        ticket.backend,
+                    )
+                    continue
+                ticket.outcome = "upstream_error"
+                if e.phase == "status":
+                    raise upstream_error(e.status, e.body) from None
+                raise ApiError(e.status, e.message, code=f"backend_{e.phase}") from None
+            except BaseException:
+                lease.release(None, "cancelled")
+                raise
+            pool.record_success(backend)
+            return upstream, lease
+
+    def _response_headers(self, ticket: Ticket) -> list[tuple[bytes, bytes]]:
+        return [(k.encode(), v.encode()) for k, v in self.gw.client_headers(ticket).items()]
+
+    async def _send_whole(self, ex: Exchange, ticket: Ticket, upstream: OpenUpstream) -> None:
+        body = upstream.first
+        now = time.monotonic()
+        ticket.first_token_at = ticket.finished_at = now
+        try:
+            usage = orjson.loads(body).get("usage")
+        except (orjson.JSONDecodeError, AttributeError):
+            usage = None
+        if isinstance(usage, dict):
+            ticket.usage = Usage(
+                int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+            )
+        ticket.outcome = "ok"
+        ex.started = ex.complete = True
+        await send_json(ex.send, 200, body, self.gw.client_headers(ticket))
+
+    async def _relay_stream(
+        self,
+        ex: Exchange,
+        ticket: Ticket,
+        pool: Pool,
+        lease: Lease,
+        upstream: OpenUpstream,
+        strip_usage: bool,
+        timeouts: Any,
+    ) -> None:
+        relay = SSERelay(strip_usage)
+        send = ex.send
+        ex.started = True
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": _SSE_HEADERS + self._response_headers(ticket),
+            }
+        )
+        chunk: bytes | None = upstream.first
+        try:
+            while chunk is not None:
+                out = relay.feed(chunk, time.monotonic())
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                chunk = await upstream.next_chunk(timeouts)
+            tail = relay.flush()
+            if not relay.done:
+                ticket.outcome = "upstream_error"
+                tail += error_event("Backend closed the stream before it finished.")
+                metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", "truncated").inc()
+            else:
+                ticket.outcome = "upstream_error" if relay.error else "ok"
+            await ex.finish(tail)
+        except UpstreamError as e:
+            ticket.outcome = "timeout" if e.status == 504 else "upstream_error"
+            metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", e.phase).inc()
+            pool.record_failure(lease.backend)
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": relay.flush() + error_event(e.message, e.status),
+                    "more_body": False,
+                }
+            )
+        finally:
+            ticket.first_token_at = relay.first_token_at
+            ticket.last_token_at = relay.last_token_at
+            ticket.finished_at = time.monotonic()
+            if relay.usage is not None:
+                ticket.usage = Usage(
+                    int(relay.usage.get("prompt_tokens") or 0), int(relay.usage.get("completion_tokens") or 0)
+                )
+            else:  # cut short: charge what was generated
+                ticket.usage = Usage(ticket.cost.prompt_tokens, relay.content_chunks)

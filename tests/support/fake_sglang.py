@@ -1,0 +1,173 @@
+"""A tiny SGLang-like backend for gateway tests: exact SSE framing, scripted failures, abort detection."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass
+class Behaviour:
+    tokens: int = 5
+    token_delay: float = 0.0
+    fail_status: int | None = None  # answer every POST with this status
+    drop_after: int | None = None  # drop the connection after this many content chunks
+    healthy: bool = True
+
+
+@dataclass
+class Record:
+    received: list[dict[str, Any]] = field(default_factory=list)
+    aborted: list[tuple[str, float]] = field(default_factory=list)
+    completed: int = 0
+
+
+def chunk(
+    cid: str,
+    model: str,
+    delta: dict[str, Any] | None,
+    finish: str | None = None,
+    usage: dict[str, int] | None = None,
+    choices: bool = True,
+) -> bytes:
+    obj: dict[str, Any] = {
+        "id": cid,
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": model,
+        "choices": [],
+        "usage": usage,
+    }
+    if choices:
+        obj["choices"] = [
+            {
+                "index": 0,
+                "delta": delta or {},
+                "logprobs": None,
+                "finish_reason": finish,
+                "matched_stop": None,
+            }
+        ]
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def expected_stream(cid: str, model: str, tokens: int, include_usage: bool, prompt_tokens: int) -> bytes:
+    """The exact bytes this backend sends for one chat stream."""
+    out = chunk(cid, model, {"role": "assistant", "content": ""})
+    for i in range(tokens):
+        out += chunk(cid, model, {"role": None, "content": f"t{i} "})
+    out += chunk(cid, model, {"role": None, "content": None}, finish="length")
+    if include_usage:
+        out += chunk(
+            cid,
+            model,
+            None,
+            usage={
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": tokens,
+                "total_tokens": prompt_tokens + tokens,
+            },
+            choices=False,
+        )
+    return out + b"data: [DONE]\n\n"
+
+
+def make_app(
+    behaviour: Behaviour | None = None, model: str = "test-model"
+) -> tuple[Starlette, Behaviour, Record]:
+    b = behaviour or Behaviour()
+    rec = Record()
+
+    async def chat(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        rec.received.append(body)
+        if b.fail_status is not None:
+            return JSONResponse(
+                {
+                    "object": "error",
+                    "message": "scripted failure",
+                    "type": "InternalServerError",
+                    "param": None,
+                    "code": b.fail_status,
+                },
+                status_code=b.fail_status,
+            )
+        rid = request.headers.get("x-request-id", "x")
+        cid = f"chatcmpl-{rid}"
+        tokens = int(body.get("max_tokens") or b.tokens)
+        prompt_tokens = 7
+        if not body.get("stream"):
+            rec.completed += 1
+            return JSONResponse(
+                {
+                    "id": cid,
+                    "object": "chat.completion",
+                    "created": 1700000000,
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "t " * tokens},
+                            "finish_reason": "length",
+                        }
+                    ],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": tokens,
+                        "total_tokens": prompt_tokens + tokens,
+                    },
+                }
+            )
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        data = expected_stream(cid, model, tokens, include_usage, prompt_tokens)
+        events = [e + b"\n\n" for e in data.split(b"\n\n")[:-1]]
+
+        async def gen() -> AsyncIterator[bytes]:
+            finished = False
+            try:
+                for i, event in enumerate(events):
+                    if b.drop_after is not None and i > b.drop_after:
+                        raise RuntimeError("scripted mid-stream drop")
+                    if i > 0 and b.token_delay:
+                        await anyio.sleep(b.token_delay)
+                    yield event
+                finished = True
+                rec.completed += 1
+            finally:
+                if not finished:
+                    rec.aborted.append((rid, time.monotonic()))
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200 if b.healthy else 503)
+
+    async def metrics(request: Request) -> Response:
+        text = (
+            '# TYPE sglang:token_usage gauge\nsglang:token_usage{model_name="m"} 0.25\n'
+            '# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name="m"} 3\n'
+        )
+        return Response(text, media_type="text/plain")
+
+    async def server_info(request: Request) -> Response:
+        return JSONResponse({"max_total_num_tokens": 1000, "max_running_requests": 16})
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/completions", chat, methods=["POST"]),
+            Route("/health", health),
+            Route("/metrics", metrics),
+            Route("/get_server_info", server_info),
+        ]
+    )
+    return app, b, rec
