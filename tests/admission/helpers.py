@@ -1,0 +1,64 @@
+"""Shared builders for admission tests: a fake clock, tickets, policies and backends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.admission.queue import Entry, effective_deadline
+from gateway.backends.state import BackendState
+from gateway.policy import Policy
+from gateway.ticket import Cost, Ticket
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+_ids = iter(range(1, 10**9))
+
+
+def ticket(
+    *,
+    tenant: str = "t1",
+    priority: int = 5,
+    prompt: int = 100,
+    output: int = 0,
+    bucket: str = "text",
+    cls: str = "interactive",
+    arrival: float = 1000.0,
+    deadline: float = float("inf"),
+) -> Ticket:
+    return Ticket(
+        id=f"req-{next(_ids)}",
+        model="m",
+        stream=True,
+        arrival=arrival,
+        tenant=tenant,
+        pool=cls,
+        traffic_class=cls,
+        priority=priority,
+        bucket=bucket,
+        cost=Cost(text_tokens=prompt, expected_output_tokens=output),
+        deadline=deadline,
+    )
+
+
+def policy(**sections: Any) -> Policy:
+    """A Policy from plain dicts per section, e.g. policy(window={"enabled": False})."""
+    return Policy.model_validate(sections)
+
+
+def entry(t: Ticket, pol: Policy | None = None, *, weight: float = 1.0, now: float | None = None) -> Entry:
+    slo = (pol or Policy()).queue.classes[t.traffic_class]
+    return Entry(t, slo, effective_deadline(t, slo), weight, t.arrival if now is None else now)
+
+
+def backends(n: int = 1, pool: str = "interactive", **fields: Any) -> list[BackendState]:
+    return [BackendState(url=f"http://b{i}", pool=pool, **fields) for i in range(n)]

@@ -1,0 +1,125 @@
+"""Dispatcher budgets: concurrency, prefill per round, KV watermark, bucket caps, head-of-line, choice."""
+
+from __future__ import annotations
+
+from gateway.admission.dispatch import Dispatcher, kv_occupied, release
+from gateway.admission.fairness import VirtualTokenCounters
+from gateway.admission.queue import Entry, SLOQueue
+from gateway.admission.settings import PoolBudgets
+from gateway.backends.state import BackendState
+from tests.admission.helpers import backends, entry, ticket
+
+BUDGETS = PoolBudgets(prefill_tokens_per_round=1000, kv_watermark=0.5, bucket_caps={"multi_image": 1})
+
+
+def _run(entries: list[Entry], pool: list[BackendState], limit: int = 8) -> list[tuple[Entry, str]]:
+    """Dispatch greedily in one round, as the scheduler does; return (entry, backend url) in order."""
+    q = SLOQueue(VirtualTokenCounters())
+    for e in entries:
+        q.push(e)
+    d = Dispatcher()
+    d.open_round(0.0)
+    out = []
+    while (placed := d.place(q.ordered(), pool, BUDGETS, {b.url: limit for b in pool})) is not None:
+        e, b = placed
+        q.remove(e)
+        d.commit(e.ticket, b)
+        out.append((e, b.url))
+    return out
+
+
+def test_concurrency_limit_caps_active() -> None:
+    pool = backends(1)
+    es = [entry(ticket(prompt=10)) for _ in range(5)]
+    assert [e for e, _ in _run(es, pool, limit=3)] == es[:3]
+    assert pool[0].active == 3
+
+
+def test_prefill_budget_per_round_and_big_request_alone() -> None:
+    pool = backends(1)
+    es = [entry(ticket(prompt=p)) for p in (600, 400, 1)]
+    assert [e for e, _ in _run(es, pool)] == es[:2]  # 600 + 400 = budget; the next token waits
+    big = [entry(ticket(prompt=5000)), entry(ticket(prompt=1))]
+    pool = backends(1)
+    assert [e for e, _ in _run(big, pool)] == big[:1]  # alone in an empty round, then the round is full
+
+
+def test_new_round_resets_prefill_budget_and_round_timing() -> None:
+    d = Dispatcher()
+    b = backends(1)[0]
+    d.open_round(10.0)
+    d.commit(ticket(prompt=1000), b)
+    assert d.round_open(10.4, PoolBudgets(round_s=0.5)) and not d.round_open(10.5, PoolBudgets(round_s=0.5))
+    assert d.round_ends(PoolBudgets(round_s=0.5)) == 10.5
+    assert not d.shared_budgets_fit(ticket(prompt=1), b, BUDGETS, limit=8)
+    d.open_round(10.5)
+    assert d.shared_budgets_fit(ticket(prompt=1000), b, BUDGETS, limit=8)
+
+
+def test_kv_watermark_uses_max_of_scraped_and_reserved() -> None:
+    b = BackendState(url="http://b0", pool="p", max_total_tokens=1000, used_tokens=300, active=1)
+    d = Dispatcher()
+    b.reserved_kv_tokens = 100  # scrape says 300 → occupancy 300; 300 + 200 ≤ 0.5 · 1000
+    assert kv_occupied(b) == 300
+    assert d.shared_budgets_fit(ticket(prompt=150, output=50), b, BUDGETS, limit=8)
+    assert not d.shared_budgets_fit(ticket(prompt=150, output=51), b, BUDGETS, limit=8)
+    b.reserved_kv_tokens = 450  # our reservations exceed the (lagging) scrape → occupancy 450
+    assert kv_occupied(b) == 450
+    assert d.shared_budgets_fit(ticket(prompt=50), b, BUDGETS, limit=8)
+    assert not d.shared_budgets_fit(ticket(prompt=51), b, BUDGETS, limit=8)
+    b.used_tokens, b.token_usage = None, 0.49  # only the usage ratio was scraped
+    b.reserved_kv_tokens = 0
+    assert kv_occupied(b) == 490
+
+
+def test_kv_check_off_before_first_scrape_and_for_an_idle_backend() -> None:
+    d = Dispatcher()
+    unscraped = BackendState(url="http://b0", pool="p", active=3)
+    idle = BackendState(url="http://b1", pool="p", max_total_tokens=100, used_tokens=90)
+    assert d.shared_budgets_fit(ticket(prompt=900), unscraped, BUDGETS, limit=8)
+    assert d.shared_budgets_fit(ticket(prompt=900), idle, BUDGETS, limit=8)
+
+
+def test_bucket_at_cap_is_skipped_not_blocking() -> None:
+    pool = backends(1)
+    mm1, mm2 = (entry(ticket(prompt=10, bucket="multi_image", priority=10)) for _ in range(2))
+    text = entry(ticket(prompt=10, priority=0))
+    assert _run([mm1, mm2, text], pool) == [(mm1, "http://b0"), (text, "http://b0")]
+    assert pool[0].bucket_active == {"multi_image": 1, "text": 1}
+
+
+def test_shared_budget_blocks_lower_requests() -> None:
+    pool = backends(1)
+    big = entry(ticket(prompt=900, priority=10))
+    blocked = entry(ticket(prompt=200, priority=5))
+    small = entry(ticket(prompt=50, priority=0))  # would fit the 100 left, but must not overtake
+    assert [e for e, _ in _run([big, blocked, small], pool)] == [big]
+
+
+def test_excluded_backends_are_skipped_and_least_outstanding_wins() -> None:
+    pool = backends(3)
+    pool[0].outstanding_tokens = 50
+    pool[1].outstanding_tokens = 10
+    pool[2].outstanding_tokens = 0
+    pool[2].healthy = False
+    pool[1].circuit = "open"
+    e = entry(ticket(prompt=10))
+    assert _run([e], pool) == [(e, "http://b0")]
+    retry = entry(ticket(prompt=10))
+    retry.exclude = frozenset({"http://b0"})
+    assert _run([retry], pool) == []
+
+
+def test_commit_and_release_are_exact_inverses() -> None:
+    b = backends(1)[0]
+    d = Dispatcher()
+    t = ticket(prompt=100, output=30, bucket="single_image")
+    d.commit(t, b)
+    assert (b.active, b.outstanding_tokens, b.reserved_kv_tokens, b.bucket_active) == (
+        1,
+        130,
+        130,
+        {"single_image": 1},
+    )
+    release(t, b)
+    assert (b.active, b.outstanding_tokens, b.reserved_kv_tokens, b.bucket_active) == (0, 0, 0, {})

@@ -1,0 +1,93 @@
+"""Adaptive concurrency limits: exact decisions of Fixed, AIMD and Gradient2 on given samples."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gateway.admission.limits import AIMDLimit, FixedLimit, GradientLimit, Sample, make_limit
+from gateway.admission.scheduler import latency_ratio
+from gateway.admission.settings import ControllerPolicy, SLOClass
+
+
+def _policy(algorithm: str, **kw: float) -> ControllerPolicy:
+    base: dict[str, float] = {"initial": 16, "min": 4, "max": 64}
+    base.update(kw)
+    return ControllerPolicy.model_validate({"algorithm": algorithm, **base})
+
+
+def test_fixed_never_moves() -> None:
+    lim = make_limit(_policy("fixed"), start=40)
+    assert isinstance(lim, FixedLimit)
+    lim.update(Sample(0.0, in_flight=16, latency_ratio=5.0, dropped=True))
+    assert lim.limit == 16
+
+
+def test_aimd_adds_when_used_and_good_backs_off_on_drop_once_per_cooldown() -> None:
+    lim = AIMDLimit(_policy("aimd", backoff=0.5, increase=1.0, cooldown_s=1.0))
+    lim.update(Sample(0.0, in_flight=7, latency_ratio=0.5))  # app-limited: 7 < 16 / 2
+    assert lim.limit == 16
+    lim.update(Sample(0.0, in_flight=8, latency_ratio=0.5))
+    assert lim.limit == 17
+    lim.update(Sample(1.0, in_flight=17, dropped=True))
+    assert lim.limit == 8  # 17 · 0.5 = 8.5
+    lim.update(Sample(1.5, in_flight=8, latency_ratio=1.2))  # SLO miss inside the cooldown: ignored
+    assert lim.limit == 8
+    lim.update(Sample(2.0, in_flight=8, latency_ratio=1.2))
+    assert lim.limit == 4  # 4.25
+    lim.update(Sample(3.0, in_flight=8, latency_ratio=1.2))
+    assert lim.limit == 4  # floor at min
+
+
+def test_gradient_grows_below_setpoint_and_shrinks_above() -> None:
+    p = _policy("gradient", smoothing=0.5, setpoint=0.5, tolerance=2.0, long_alpha=0.5, cooldown_s=0.0)
+    lim = GradientLimit(p)
+    lim.update(Sample(0.0, in_flight=16, latency_ratio=0.25))
+    # grad = clamp(min(2 · 0.25, 0.5) / 0.25) = 1 → new = 16 + 4; 16·0.5 + 20·0.5 = 18
+    assert lim.limit == 18
+    lim.update(Sample(1.0, in_flight=18, latency_ratio=1.0))
+    # long = 0.625; grad = min(1.25, 0.5) / 1.0 = 0.5; new = 9 + sqrt(18); value = 9 + (9 + 4.243) / 2
+    assert lim._value == pytest.approx(18 * 0.5 + (18 * 0.5 + math.sqrt(18)) * 0.5)
+    assert lim.limit == 15
+
+
+def test_gradient_is_app_limited_and_respects_cooldown_and_drops() -> None:
+    p = _policy("gradient", smoothing=1.0, cooldown_s=5.0)
+    lim = GradientLimit(p)
+    lim.update(Sample(0.0, in_flight=7, latency_ratio=0.1))  # under half the limit in use: no growth
+    assert lim.limit == 16
+    lim.update(Sample(0.0, in_flight=16, dropped=True))  # grad 0.5: 8 + 4 = 12
+    assert lim.limit == 12
+    lim.update(Sample(4.9, in_flight=12, dropped=True))  # within cooldown
+    assert lim.limit == 12
+    lim.update(Sample(5.0, in_flight=12, dropped=True))  # 6 + 3.46
+    assert lim.limit == 9
+
+
+def test_gradient_stays_within_bounds() -> None:
+    lim = GradientLimit(_policy("gradient", smoothing=1.0, cooldown_s=0.0))
+    for i in range(100):
+        lim.update(Sample(float(i), in_flight=64, latency_ratio=None))
+    assert lim.limit == 64
+    for i in range(100, 200):
+        lim.update(Sample(float(i), in_flight=64, dropped=True))
+    assert lim.limit == 4
+
+
+def test_reload_carries_the_current_value_into_a_new_algorithm() -> None:
+    lim = make_limit(_policy("aimd"), start=30)
+    assert isinstance(lim, AIMDLimit) and lim.limit == 30
+    assert make_limit(_policy("aimd", max=20), start=30).limit == 20
+
+
+def test_latency_ratio_is_worst_of_tpot_and_queueing_part_of_ttft() -> None:
+    slo = SLOClass(ttft_p99_s=2.0, tpot_p99_s=0.05)
+    assert latency_ratio(slo, ttft_s=1.5, tpot_s=0.025, prefill_s=0.5) == 0.5
+    assert latency_ratio(slo, ttft_s=3.5, tpot_s=0.025, prefill_s=0.5) == 1.5
+    assert latency_ratio(SLOClass(ttft_p99_s=None, tpot_p99_s=None), 1.0, 0.1, 0.0) is None
+
+
+def test_policy_rejects_unordered_bounds() -> None:
+    with pytest.raises(ValueError, match="min <= initial <= max"):
+        ControllerPolicy(min=10, initial=5, max=64)

@@ -1,0 +1,91 @@
+"""Queue discipline: strict bands, VTC between tenants, EDF within a tenant; prefill-ahead accounting."""
+
+from __future__ import annotations
+
+from gateway.admission.fairness import VirtualTokenCounters, token_charge
+from gateway.admission.queue import SLOQueue
+from tests.admission.helpers import entry, ticket
+
+
+def _queue() -> SLOQueue:
+    return SLOQueue(VirtualTokenCounters())
+
+
+def test_bands_then_counters_then_deadlines() -> None:
+    q = _queue()
+    low = entry(ticket(tenant="a", priority=0))
+    a_late = entry(ticket(tenant="a", priority=5, deadline=1003.0))
+    a_early = entry(ticket(tenant="a", priority=5, deadline=1001.0))
+    b_first = entry(ticket(tenant="b", priority=5, deadline=1009.0))
+    high = entry(ticket(tenant="b", priority=10))
+    for e in (low, a_late, a_early, b_first, high):
+        q.push(e)
+    q.counters.charge("a", 50.0)  # a has had more service than b → b's band-5 work goes first
+    assert list(q.ordered()) == [high, b_first, a_early, a_late, low]
+    assert q.depth_by_band() == {0: 1, 5: 3, 10: 1}
+    assert len(q) == 5
+
+
+def test_deadline_ties_keep_arrival_order_and_remove_is_exact() -> None:
+    q = _queue()
+    first, second, third = (entry(ticket(deadline=1005.0)) for _ in range(3))
+    for e in (first, second, third):
+        q.push(e)
+    assert q.remove(second) is True
+    assert q.remove(second) is False
+    assert list(q.ordered()) == [first, third]
+    assert q.prefill_tokens() == 200
+
+
+def test_class_deadline_is_arrival_plus_ttft_unless_client_is_tighter() -> None:
+    assert entry(ticket(arrival=1000.0)).deadline == 1002.0  # default interactive TTFT P99 2 s
+    assert entry(ticket(arrival=1000.0, deadline=1000.5)).deadline == 1000.5
+    assert entry(ticket(arrival=1000.0, cls="offline")).deadline == 4600.0  # completion deadline 3600 s
+
+
+def test_prefill_ahead_counts_higher_bands_and_own_earlier_deadlines() -> None:
+    q = _queue()
+    q.push(entry(ticket(priority=10, prompt=1000, tenant="x")))
+    q.push(entry(ticket(priority=5, prompt=300, tenant="a", deadline=1001.0)))
+    q.push(entry(ticket(priority=5, prompt=700, tenant="b", deadline=1000.5)))  # other tenant: unknown order
+    q.push(entry(ticket(priority=0, prompt=5000, tenant="a")))
+    mine = entry(ticket(priority=5, prompt=50, tenant="a", deadline=1001.5))
+    q.push(mine)
+    assert q.prefill_ahead(mine) == 1000 + 300
+
+
+def test_vtc_lifts_a_returning_tenant_to_the_backlogged_minimum() -> None:
+    q = _queue()
+    q.counters.charge("busy", 500.0)
+    q.counters.charge("other", 800.0)
+    q.push(entry(ticket(tenant="busy")))
+    q.push(entry(ticket(tenant="other")))
+    idle = entry(ticket(tenant="idle"))
+    q.push(idle)  # idle's counter 0 would bank credit; it is lifted to min(500, 800)
+    assert q.counters.counter("idle") == 500.0
+    assert q.counters.counter("other") == 800.0  # already above the floor: unchanged
+
+
+def test_vtc_lifts_to_last_served_when_nobody_is_backlogged() -> None:
+    c = VirtualTokenCounters()
+    c.charge("a", 300.0)
+    c.served("a")
+    c.on_backlogged("b", [])
+    assert c.counter("b") == 300.0
+
+
+def test_token_charge_weights_input_output_and_tenant_weight() -> None:
+    assert token_charge(100, 50, weight=2.0, wp=1.0, wq=2.0) == 100.0
+
+
+def test_displacement_victim_is_newest_of_lowest_band_same_class() -> None:
+    q = _queue()
+    old_low = entry(ticket(priority=0))
+    new_low = entry(ticket(priority=0))
+    mid = entry(ticket(priority=5))
+    offline_low = entry(ticket(priority=-1, cls="offline"))
+    for e in (old_low, new_low, mid, offline_low):
+        q.push(e)
+    assert q.newest_of_lowest_band("interactive", below=10) is new_low
+    assert q.newest_of_lowest_band("interactive", below=0) is None
+    assert q.class_depth("interactive") == 3

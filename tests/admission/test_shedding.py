@@ -1,0 +1,100 @@
+"""Honest early rejection: exact predicted start times, displacement, depth and max-wait shedding."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.admission.fairness import VirtualTokenCounters
+from gateway.admission.queue import SLOQueue
+from gateway.admission.shedding import PrefillRate, QueueGuard
+from gateway.errors import ApiError
+from tests.admission.helpers import entry, policy, ticket
+
+# Numbers are binary fractions so predicted times compare exactly: rate 1000 tokens/s per backend.
+TIGHT = policy(queue={"classes": {"interactive": {"ttft_p99_s": 0.5, "max_queue_depth": 2}}})
+NO_SHED = policy(queue={"classes": {"interactive": {"shed_by_deadline": False}}})
+
+
+def _guard(initial_rate: float = 1000.0) -> QueueGuard:
+    return QueueGuard(SLOQueue(VirtualTokenCounters()), PrefillRate(initial_rate), "interactive")
+
+
+def test_prediction_is_tokens_ahead_over_pool_rate_plus_own_prefill() -> None:
+    g = _guard()
+    g.admit(entry(ticket(priority=10, prompt=500), NO_SHED), now=1000.0, backends=2)
+    mine = entry(ticket(priority=5, prompt=125), TIGHT)
+    p = g.predict(mine, now=1000.0, backends=2)
+    assert (p.ahead_tokens, p.start, p.first_token) == (500, 1000.25, 1000.375)
+
+
+def test_unattainable_at_enqueue_is_429_with_retry_after_and_counted() -> None:
+    g = _guard()
+    g.admit(entry(ticket(priority=10, prompt=6000), NO_SHED), now=1000.0, backends=2)  # 3 s of prefill
+    with pytest.raises(ApiError) as exc:
+        g.admit(entry(ticket(priority=5, prompt=100), TIGHT), now=1000.0, backends=2)
+    err = exc.value
+    assert (err.status, err.code, err.retry_after) == (429, "slo_unattainable", 3.0)
+    assert err.response_headers() == {"retry-after": "3"}
+    assert g.rejections == {("slo_unattainable", "interactive"): 1}
+    assert len(g.queue) == 1
+
+
+def test_request_that_just_fits_its_deadline_is_admitted() -> None:
+    g = _guard()
+    g.admit(entry(ticket(priority=10, prompt=250), NO_SHED), now=1000.0, backends=1)  # start 1000.25
+    fits = entry(ticket(priority=5, prompt=250), TIGHT)  # first token 1000.5 == deadline
+    g.admit(fits, now=1000.0, backends=1)
+    assert fits.queued
+    with pytest.raises(ApiError):
+        g.admit(entry(ticket(priority=5, prompt=251), TIGHT), now=1000.0, backends=1)
+
+
+def test_waiting_request_is_shed_when_higher_band_work_arrives_or_time_passes() -> None:
+    g = _guard()
+    waiting = entry(ticket(priority=5, prompt=250), TIGHT)  # alone: first token at 1000.25
+    g.admit(waiting, now=1000.0, backends=1)
+    assert g.sweep(now=1000.0, backends=1) == []
+    g.admit(entry(ticket(priority=10, prompt=125, arrival=1000.0), NO_SHED), now=1000.0, backends=1)
+    assert g.sweep(now=1000.125, backends=1) == []  # 1000.125 + 0.125 + 0.25 = 1000.5 ≤ deadline
+    shed = g.sweep(now=1000.25, backends=1)  # 1000.625 > 1000.5
+    assert [(e, err.code) for e, err in shed] == [(waiting, "slo_unattainable")]
+    assert not waiting.queued
+
+
+def test_full_queue_displaces_newest_lowest_else_refuses() -> None:
+    g = _guard()
+    old_low = entry(ticket(priority=0), TIGHT)
+    new_low = entry(ticket(priority=0), TIGHT)
+    g.admit(old_low, now=1000.0, backends=4)
+    g.admit(new_low, now=1000.0, backends=4)
+    with pytest.raises(ApiError) as exc:
+        g.admit(entry(ticket(priority=0), TIGHT), now=1000.0, backends=4)
+    assert (exc.value.status, exc.value.code) == (503, "queue_full")
+    high = entry(ticket(priority=10), TIGHT)
+    assert g.admit(high, now=1000.0, backends=4) is new_low
+    assert not new_low.queued and high.queued and old_low.queued
+    assert g.rejections == {("queue_full", "interactive"): 1, ("displaced", "interactive"): 1}
+
+
+def test_offline_is_never_shed_by_deadline_only_by_max_wait() -> None:
+    pol = policy(
+        queue={"classes": {"offline": {"ttft_p99_s": None, "max_wait_s": 60.0, "shed_by_deadline": False}}}
+    )
+    g = _guard()
+    g.admit(entry(ticket(priority=10, cls="offline", prompt=10**9), pol), now=1000.0, backends=1)
+    late = entry(ticket(priority=0, cls="offline", deadline=1000.001), pol)
+    g.admit(late, now=1000.0, backends=1)
+    assert g.sweep(now=1059.9, backends=1) == []
+    shed = g.sweep(now=1060.0, backends=1)
+    assert [err.code for _, err in shed] == ["queue_timeout", "queue_timeout"]
+    assert shed[0][1].status == 503
+    assert g.rejections == {("queue_timeout", "offline"): 2}
+
+
+def test_prefill_rate_is_an_ewma_of_observations() -> None:
+    rate = PrefillRate(10000.0)
+    rate.observe(5000, 1.0, alpha=0.2)
+    assert rate.tokens_per_s == pytest.approx(9000.0)
+    rate.observe(0, 1.0, alpha=0.2)  # nothing prefilled: no information
+    rate.observe(100, 0.0, alpha=0.2)
+    assert rate.tokens_per_s == pytest.approx(9000.0)
