@@ -1,13 +1,23 @@
-"""Policy section: defaults applied to tenants that do not set their own values (owned by tenants)."""
+"""Policy section: defaults applied to tenants that do not set their own values (owned by tenants).
+
+Weight, priorities, classes and the over-quota mode resolve live (a policy reload changes every tenant
+that left them unset); `quotas` seeds the quotas of tenants created without any.
+"""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.tenants.models import OverQuota, Quotas
+
 
 class TenantDefaults(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    weight: float = Field(1.0, gt=0)
+    weight: float = Field(default=1.0, gt=0)
     default_priority: int = 5
     max_priority: int = 5
+    default_class: str = "interactive"
+    allowed_classes: list[str] = Field(default_factory=list, description="[] = any traffic class.")
+    over_quota: OverQuota = "reject"
+    quotas: Quotas = Field(default_factory=Quotas)

@@ -1,0 +1,202 @@
+"""Tenant, quota and API-key records as stored, plus the resolved view the request path reads.
+
+A stored `TenantSpec` leaves the policy-tunable fields (weight, priorities, classes, over-quota mode) as
+None so that a policy reload changes every tenant that did not set its own value; `TenantSpec.resolve`
+turns it into a concrete, frozen `Tenant` for one request. Quotas are stored per tenant (None = unlimited)
+and seeded from the policy defaults when a tenant is created without them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+OverQuota = Literal["reject", "wait"]
+TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+KEY_PREFIX = "og-"
+KEY_DISPLAY_CHARS = 10
+
+
+class Quotas(BaseModel):
+    """Per-tenant limits; None means unlimited. Token limits count image/audio tokens as input."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_tpm: int | None = Field(default=None, ge=1, description="Input (prompt) tokens per minute.")
+    output_tpm: int | None = Field(default=None, ge=1, description="Output tokens per minute.")
+    total_tpm: int | None = Field(default=None, ge=1, description="Input plus output tokens per minute.")
+    rpm: int | None = Field(default=None, ge=1, description="Requests per minute.")
+    max_concurrent: int | None = Field(
+        default=None, ge=1, description="Requests admitted and not yet finished."
+    )
+    max_queued: int | None = Field(default=None, ge=0, description="Requests waiting in one replica's queue.")
+    daily_tokens: int | None = Field(default=None, ge=1, description="Token budget per UTC day.")
+    monthly_tokens: int | None = Field(default=None, ge=1, description="Token budget per UTC calendar month.")
+
+
+class _Editable(BaseModel):
+    """Fields an admin may set; shared by create, patch and the stored record."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(default="", max_length=200)
+    weight: float | None = Field(default=None, gt=0, description="Fair-share weight; None = policy default.")
+    default_priority: int | None = None
+    max_priority: int | None = None
+    default_class: str | None = Field(default=None, min_length=1)
+    allowed_classes: list[str] | None = Field(
+        default=None, description="None = policy default; [] = any class."
+    )
+    allowed_models: list[str] = Field(default_factory=list, description="Model globs; [] = all models.")
+    over_quota: OverQuota | None = Field(
+        default=None, description="reject (429) or wait in the queue for refill."
+    )
+
+
+class TenantCreate(_Editable):
+    id: str = Field(pattern=TENANT_ID_PATTERN)
+    quotas: Quotas | None = Field(default=None, description="Omitted = the policy's default quotas.")
+
+
+class TenantPatch(BaseModel):
+    """Partial update: only the fields present in the request body change (quotas merge field by field)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, max_length=200)
+    weight: float | None = Field(default=None, gt=0)
+    default_priority: int | None = None
+    max_priority: int | None = None
+    default_class: str | None = Field(default=None, min_length=1)
+    allowed_classes: list[str] | None = None
+    allowed_models: list[str] | None = None
+    over_quota: OverQuota | None = None
+    quotas: QuotasPatch | None = None
+
+
+class QuotasPatch(BaseModel):
+    """Quota fields to change; an explicit null removes that limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_tpm: int | None = Field(default=None, ge=1)
+    output_tpm: int | None = Field(default=None, ge=1)
+    total_tpm: int | None = Field(default=None, ge=1)
+    rpm: int | None = Field(default=None, ge=1)
+    max_concurrent: int | None = Field(default=None, ge=1)
+    max_queued: int | None = Field(default=None, ge=0)
+    daily_tokens: int | None = Field(default=None, ge=1)
+    monthly_tokens: int | None = Field(default=None, ge=1)
+
+    def apply(self, quotas: Quotas) -> Quotas:
+        return quotas.model_copy(update=self.model_dump(exclude_unset=True))
+
+
+TenantPatch.model_rebuild()
+
+
+class TenantSpec(_Editable):
+    """The stored tenant record."""
+
+    id: str = Field(pattern=TENANT_ID_PATTERN)
+    quotas: Quotas = Field(default_factory=Quotas)
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+    def patched(self, patch: TenantPatch, now: float) -> TenantSpec:
+        update = patch.model_dump(exclude_unset=True, exclude={"quotas"})
+        if patch.quotas is not None:
+            update["quotas"] = patch.quotas.apply(self.quotas)
+        update["updated_at"] = now
+        return TenantSpec.model_validate({**self.model_dump(), **update})
+
+    def resolve(self, defaults: TenantDefaultsLike) -> Tenant:
+        max_priority = self.max_priority if self.max_priority is not None else defaults.max_priority
+        default_priority = (
+            self.default_priority if self.default_priority is not None else defaults.default_priority
+        )
+        classes = self.allowed_classes if self.allowed_classes is not None else defaults.allowed_classes
+        return Tenant(
+            id=self.id,
+            name=self.name,
+            weight=self.weight if self.weight is not None else defaults.weight,
+            default_priority=min(default_priority, max_priority),
+            max_priority=max_priority,
+            default_class=self.default_class or defaults.default_class,
+            allowed_classes=tuple(classes),
+            allowed_models=tuple(self.allowed_models),
+            quotas=self.quotas,
+            over_quota=self.over_quota or defaults.over_quota,
+        )
+
+
+class TenantDefaultsLike(Protocol):
+    """The fields of the policy's TenantDefaults that resolution reads (a protocol avoids an import cycle)."""
+
+    weight: float
+    default_priority: int
+    max_priority: int
+    default_class: str
+    allowed_classes: list[str]
+    over_quota: OverQuota
+
+
+class Tenant(BaseModel):
+    """A tenant with every policy default filled in: what the request path reads."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    weight: float
+    default_priority: int
+    max_priority: int
+    default_class: str
+    allowed_classes: tuple[str, ...]
+    allowed_models: tuple[str, ...]
+    quotas: Quotas
+    over_quota: OverQuota
+
+
+class KeyRecord(BaseModel):
+    """An API key as stored: its hash and a short display prefix, never the plaintext."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    tenant_id: str
+    key_hash: str
+    prefix: str
+    name: str = ""
+    created_at: float = 0.0
+    revoked_at: float | None = None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
+
+    def public(self) -> dict[str, object]:
+        """What admin listings show: everything but the hash."""
+        return self.model_dump(exclude={"key_hash"})
+
+
+def hash_key(plaintext: str) -> str:
+    """sha256 is enough here: keys carry 256 random bits, so there is nothing to brute-force or salt."""
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+def new_key(tenant_id: str, name: str, now: float, plaintext: str | None = None) -> tuple[KeyRecord, str]:
+    """A fresh key record and its plaintext (generated unless given, e.g. bootstrap keys from config)."""
+    key = plaintext or KEY_PREFIX + secrets.token_urlsafe(32)
+    record = KeyRecord(
+        id="key_" + secrets.token_hex(6),
+        tenant_id=tenant_id,
+        key_hash=hash_key(key),
+        prefix=key[:KEY_DISPLAY_CHARS],
+        name=name,
+        created_at=now,
+    )
+    return record, key

@@ -1,0 +1,123 @@
+"""Lua scripts for the Redis store: one round trip per admission and per reconcile, atomic in Redis.
+
+They port QuotaBook.try_reserve / settle (quota.py) line by line; the shared test suite runs both against
+the same expectations. Times come from the caller's clock so all replicas and tests agree on `now`
+(replicas need NTP-synchronised clocks, as every distributed rate limiter does).
+
+Keys: 1 bucket hash (`<limit>:l` level, `<limit>:t` stamp), 2 concurrency zset (reservation id scored by
+its lease deadline, so a crashed replica's slots expire), 3 day ledger hash, 4 month ledger hash
+(fields in, out, req). A limit of -1 means "not set".
+"""
+
+from __future__ import annotations
+
+_LEVEL = """
+local function level(limit, now, name)
+  local raw = redis.call('HMGET', KEYS[1], name .. ':l', name .. ':t')
+  if not raw[1] then return nil end
+  local elapsed = now - tonumber(raw[2])
+  if elapsed < 0 then elapsed = 0 end
+  return math.min(limit, tonumber(raw[1]) + elapsed * limit / 60.0)
+end
+local function fmt(x) return string.format('%.17g', x) end
+local NAMES = {'input_tpm', 'output_tpm', 'total_tpm', 'rpm'}
+"""
+
+# ARGV: now, in, out, lim_in, lim_out, lim_total, lim_rpm, max_concurrent, daily, monthly,
+#       reservation_id, lease_until, to_next_day, to_next_month, ledger_ttl, bucket_ttl
+RESERVE = (
+    _LEVEL
+    + """
+local now = tonumber(ARGV[1])
+local amt_in, amt_out = tonumber(ARGV[2]), tonumber(ARGV[3])
+local amounts = {amt_in, amt_out, amt_in + amt_out, 1}
+local worst, worst_wait = nil, -1
+local function deny(name, wait)
+  if wait > worst_wait then worst, worst_wait = name, wait end
+end
+local levels = {}
+for i = 1, 4 do
+  local limit = tonumber(ARGV[3 + i])
+  if limit >= 0 then
+    local lvl = level(limit, now, NAMES[i]) or limit
+    levels[i] = lvl
+    local need = math.min(amounts[i], limit)
+    if lvl < need then deny(NAMES[i], (need - lvl) * 60.0 / limit) end
+  end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local max_conc = tonumber(ARGV[8])
+if max_conc >= 0 and redis.call('ZCARD', KEYS[2]) >= max_conc then deny('max_concurrent', 1.0) end
+local function used(key)
+  local r = redis.call('HMGET', key, 'in', 'out')
+  return (tonumber(r[1]) or 0) + (tonumber(r[2]) or 0)
+end
+local total = amt_in + amt_out
+local daily, monthly = tonumber(ARGV[9]), tonumber(ARGV[10])
+if daily >= 0 and used(KEYS[3]) + math.min(total, daily) > daily then
+  deny('daily_tokens', tonumber(ARGV[13]))
+end
+if monthly >= 0 and used(KEYS[4]) + math.min(total, monthly) > monthly then
+  deny('monthly_tokens', tonumber(ARGV[14]))
+end
+if worst then return {0, worst, fmt(worst_wait)} end
+for i = 1, 4 do
+  if levels[i] then
+    redis.call('HSET', KEYS[1], NAMES[i] .. ':l', fmt(levels[i] - amounts[i]), NAMES[i] .. ':t', ARGV[1])
+  end
+end
+redis.call('EXPIRE', KEYS[1], ARGV[16])
+redis.call('ZADD', KEYS[2], ARGV[12], ARGV[11])
+redis.call('EXPIRE', KEYS[2], ARGV[16])
+for k = 3, 4 do
+  redis.call('HINCRBY', KEYS[k], 'in', amt_in)
+  redis.call('HINCRBY', KEYS[k], 'out', amt_out)
+  redis.call('HINCRBY', KEYS[k], 'req', 1)
+  redis.call('EXPIRE', KEYS[k], ARGV[15])
+end
+return {1}
+"""
+)
+
+# ARGV: now, res_in, res_out, act_in, act_out, lim_in, lim_out, lim_total, reservation_id
+SETTLE = (
+    _LEVEL
+    + """
+local now = tonumber(ARGV[1])
+local res_in, res_out = tonumber(ARGV[2]), tonumber(ARGV[3])
+local act_in, act_out = tonumber(ARGV[4]), tonumber(ARGV[5])
+local refunds = {res_in - act_in, res_out - act_out, res_in + res_out - act_in - act_out}
+for i = 1, 3 do
+  local limit = tonumber(ARGV[5 + i])
+  if limit >= 0 then
+    local lvl = level(limit, now, NAMES[i])
+    if lvl then
+      local new = math.min(limit, lvl + refunds[i])
+      redis.call('HSET', KEYS[1], NAMES[i] .. ':l', fmt(new), NAMES[i] .. ':t', ARGV[1])
+    end
+  end
+end
+redis.call('ZREM', KEYS[2], ARGV[9])
+for k = 3, 4 do
+  redis.call('HINCRBY', KEYS[k], 'in', act_in - res_in)
+  redis.call('HINCRBY', KEYS[k], 'out', act_out - res_out)
+end
+return 1
+"""
+)
+
+# ARGV: now, lim_in, lim_out, lim_total, lim_rpm -> levels as strings ('' for unset limits), active count
+LEVELS = (
+    _LEVEL
+    + """
+local now = tonumber(ARGV[1])
+local out = {}
+for i = 1, 4 do
+  local limit = tonumber(ARGV[1 + i])
+  if limit >= 0 then out[i] = fmt(level(limit, now, NAMES[i]) or limit) else out[i] = '' end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+out[5] = redis.call('ZCARD', KEYS[2])
+return out
+"""
+)

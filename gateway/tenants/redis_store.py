@@ -1,0 +1,354 @@
+"""Shared store for several replicas: tenants, key hashes, token buckets and the ledger in Redis.
+
+Each replica caches tenants and keys it has read; every admin write publishes the changed id on one
+channel and every replica drops that entry on receipt (well under a second). When the subscription
+breaks, the cache is cleared on reconnect, since messages may have been missed. A read that started
+before an invalidation is not cached (generation check), so a stale value cannot outlive the message.
+
+Any connection failure raises StoreUnavailable; after one, the store does not touch Redis again for
+`retry_interval` seconds (so a dead Redis costs nothing per request), then tries again by itself.
+Concurrency slots are leases: a replica renews its open ones every lease/3 seconds, so a crashed
+replica's slots expire instead of leaking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, TypeVar
+
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.tenants.models import KeyRecord, Quotas, TenantSpec
+from gateway.tenants.quota import (
+    BUCKET_LIMITS,
+    Charge,
+    Denial,
+    LedgerRow,
+    day_of,
+    month_of,
+    seconds_to_next_day,
+    seconds_to_next_month,
+)
+from gateway.tenants.redis_scripts import LEVELS, RESERVE, SETTLE
+from gateway.tenants.store import Store, StoreUnavailable
+
+log = logging.getLogger("omnigate.tenants.redis")
+T = TypeVar("T")
+OUTAGE_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+LEDGER_TTL_S = 400 * 86400
+BUCKET_TTL_S = 3600
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _limit(value: int | None) -> int:
+    return -1 if value is None else value
+
+
+class RedisStore(Store):
+    kind = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "omnigate:",
+        *,
+        clock: Callable[[], float] = time.time,
+        retry_interval: float = 1.0,
+        lease_s: float = 120.0,
+        socket_timeout: float = 2.0,
+    ) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.clock = clock
+        self.retry_interval = retry_interval
+        self.lease_s = lease_s
+        self.channel = prefix + "changes"
+        self.redis: aioredis.Redis = aioredis.Redis.from_url(
+            url, socket_connect_timeout=socket_timeout, socket_timeout=socket_timeout
+        )
+        self._reserve = self.redis.register_script(RESERVE)
+        self._settle = self.redis.register_script(SETTLE)
+        self._levels = self.redis.register_script(LEVELS)
+        self._tenants: dict[str, TenantSpec] = {}
+        self._keys: dict[str, KeyRecord] = {}
+        self._generation = 0
+        self._leases: dict[str, str] = {}
+        self._down_until = 0.0
+        self._tasks: list[asyncio.Task[None]] = []
+        self.subscribed = asyncio.Event()
+        self.on_outage: Callable[[bool], None] = lambda down: None
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def _tenant_key(self, tenant_id: str) -> str:
+        return f"{self.prefix}tenant:{tenant_id}"
+
+    def _quota_keys(self, tenant_id: str, ts: float) -> list[str]:
+        base = f"{self.prefix}q:{{{tenant_id}}}:"
+        return [base + "bucket", base + "conc", base + "day:" + day_of(ts), base + "month:" + month_of(ts)]
+
+    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
+        if time.monotonic() < self._down_until:
+            raise StoreUnavailable("redis unavailable (backing off)")
+        try:
+            result = await op()
+        except OUTAGE_ERRORS as e:
+            self._down_until = time.monotonic() + self.retry_interval
+            self.on_outage(True)
+            raise StoreUnavailable(f"redis unavailable: {type(e).__name__}") from None
+        self.on_outage(False)
+        return result
+
+    async def _publish(self, kind: str, ident: str) -> None:
+        self._invalidate(kind, ident)
+        await self._call(lambda: self.redis.publish(self.channel, orjson.dumps({kind: ident})))
+
+    def _invalidate(self, kind: str, ident: str) -> None:
+        self._generation += 1
+        if kind == "tenant":
+            self._tenants.pop(ident, None)
+            for key_hash in [h for h, r in self._keys.items() if r.tenant_id == ident]:
+                del self._keys[key_hash]
+        else:
+            self._keys.pop(ident, None)
+
+    def _clear_caches(self) -> None:
+        self._generation += 1
+        self._tenants.clear()
+        self._keys.clear()
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._renew_leases())]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.redis.aclose()
+
+    async def _listen(self) -> None:
+        """Keep one subscription alive; every message drops one cache entry."""
+        while True:
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                self._clear_caches()
+                self.subscribed.set()
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if msg is not None and msg.get("type") == "message":
+                        for kind, ident in orjson.loads(msg["data"]).items():
+                            self._invalidate(kind, ident)
+            except OUTAGE_ERRORS as e:
+                self.subscribed.clear()
+                log.warning("tenant change subscription lost (%s); retrying", type(e).__name__)
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(*OUTAGE_ERRORS):
+                    await pubsub.aclose()
+
+    async def _renew_leases(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            until = self.clock() + self.lease_s
+            by_key: dict[str, dict[str, float]] = {}
+            for rid, tenant_id in self._leases.items():
+                by_key.setdefault(self._quota_keys(tenant_id, 0)[1], {})[rid] = until
+            with contextlib.suppress(StoreUnavailable):
+                for key, leases in by_key.items():
+                    await self._call(partial(self.redis.zadd, key, leases, xx=True))
+
+    async def _cached(self, cache: dict[str, Any], ident: str, load: Callable[[], Awaitable[Any]]) -> Any:
+        if ident in cache:
+            return cache[ident]
+        generation = self._generation
+        value = await self._call(load)
+        if value is not None and generation == self._generation:
+            cache[ident] = value
+        return value
+
+    # -- tenants and keys -------------------------------------------------------------------------
+    async def _load_tenant(self, tenant_id: str) -> TenantSpec | None:
+        raw = await self.redis.get(self._tenant_key(tenant_id))
+        return TenantSpec.model_validate_json(raw) if raw else None
+
+    async def list_tenants(self) -> list[TenantSpec]:
+        async def load() -> list[TenantSpec]:
+            ids = sorted(_text(m) for m in await self.redis.smembers(self.prefix + "tenants"))
+            raws = await self.redis.mget([self._tenant_key(i) for i in ids]) if ids else []
+            return [TenantSpec.model_validate_json(r) for r in raws if r]
+
+        return await self._call(load)
+
+    async def get_tenant(self, tenant_id: str) -> TenantSpec | None:
+        spec: TenantSpec | None = await self._cached(
+            self._tenants, tenant_id, lambda: self._load_tenant(tenant_id)
+        )
+        return spec
+
+    async def create_tenant(self, spec: TenantSpec) -> bool:
+        async def write() -> bool:
+            if not await self.redis.set(self._tenant_key(spec.id), spec.model_dump_json(), nx=True):
+                return False
+            await self.redis.sadd(self.prefix + "tenants", spec.id)
+            return True
+
+        created = await self._call(write)
+        if created:
+            await self._publish("tenant", spec.id)
+        return created
+
+    async def update_tenant(self, spec: TenantSpec) -> bool:
+        updated = await self._call(
+            lambda: self.redis.set(self._tenant_key(spec.id), spec.model_dump_json(), xx=True)
+        )
+        if updated:
+            await self._publish("tenant", spec.id)
+        return bool(updated)
+
+    async def delete_tenant(self, tenant_id: str) -> bool:
+        async def delete() -> bool:
+            if not await self.redis.delete(self._tenant_key(tenant_id)):
+                return False
+            keys_set = f"{self.prefix}keys:{tenant_id}"
+            hashes = [_text(h) for h in await self.redis.smembers(keys_set)]
+            await self.redis.delete(keys_set, *(f"{self.prefix}key:{h}" for h in hashes))
+            await self.redis.srem(self.prefix + "tenants", tenant_id)
+            await self.redis.delete(*self._quota_keys(tenant_id, 0)[:2])
+            return True
+
+        deleted = await self._call(delete)
+        if deleted:
+            await self._publish("tenant", tenant_id)
+        return deleted
+
+    async def _put_key(self, record: KeyRecord) -> None:
+        async def write() -> None:
+            await self.redis.set(f"{self.prefix}key:{record.key_hash}", record.model_dump_json())
+            await self.redis.sadd(f"{self.prefix}keys:{record.tenant_id}", record.key_hash)
+
+        await self._call(write)
+        await self._publish("key", record.key_hash)
+
+    async def add_key(self, record: KeyRecord) -> None:
+        await self._put_key(record)
+
+    async def key_by_hash(self, key_hash: str) -> KeyRecord | None:
+        async def load() -> KeyRecord | None:
+            raw = await self.redis.get(f"{self.prefix}key:{key_hash}")
+            return KeyRecord.model_validate_json(raw) if raw else None
+
+        record: KeyRecord | None = await self._cached(self._keys, key_hash, load)
+        return record
+
+    async def list_keys(self, tenant_id: str) -> list[KeyRecord]:
+        async def load() -> list[KeyRecord]:
+            hashes = [_text(h) for h in await self.redis.smembers(f"{self.prefix}keys:{tenant_id}")]
+            raws = await self.redis.mget([f"{self.prefix}key:{h}" for h in hashes]) if hashes else []
+            return sorted((KeyRecord.model_validate_json(r) for r in raws if r), key=lambda k: k.created_at)
+
+        return await self._call(load)
+
+    async def revoke_key(self, tenant_id: str, key_id: str, now: float) -> KeyRecord | None:
+        record = next((k for k in await self.list_keys(tenant_id) if k.id == key_id), None)
+        if record is None or record.revoked:
+            return record
+        revoked = record.model_copy(update={"revoked_at": now})
+        await self._put_key(revoked)
+        return revoked
+
+    # -- quota counters ---------------------------------------------------------------------------
+    async def reserve(
+        self, tenant_id: str, quotas: Quotas, charge: Charge, now: float, reservation_id: str
+    ) -> Denial | None:
+        args: list[str | int | float] = [
+            repr(now),
+            charge.input_tokens,
+            charge.output_tokens,
+            *(_limit(getattr(quotas, name)) for name in BUCKET_LIMITS),
+            _limit(quotas.max_concurrent),
+            _limit(quotas.daily_tokens),
+            _limit(quotas.monthly_tokens),
+            reservation_id,
+            repr(now + self.lease_s),
+            repr(seconds_to_next_day(now)),
+            repr(seconds_to_next_month(now)),
+            LEDGER_TTL_S,
+            BUCKET_TTL_S,
+        ]
+        result = await self._call(lambda: self._reserve(keys=self._quota_keys(tenant_id, now), args=args))
+        if int(result[0]) == 1:
+            self._leases[reservation_id] = tenant_id
+            return None
+        return Denial(result[1].decode(), float(result[2]))
+
+    async def settle(
+        self,
+        tenant_id: str,
+        quotas: Quotas,
+        reserved: Charge,
+        actual: Charge,
+        reserved_at: float,
+        now: float,
+        reservation_id: str,
+    ) -> None:
+        args: list[str | int | float] = [
+            repr(now),
+            reserved.input_tokens,
+            reserved.output_tokens,
+            actual.input_tokens,
+            actual.output_tokens,
+            *(_limit(getattr(quotas, name)) for name in BUCKET_LIMITS[:3]),
+            reservation_id,
+        ]
+        self._leases.pop(reservation_id, None)
+        await self._call(lambda: self._settle(keys=self._quota_keys(tenant_id, reserved_at), args=args))
+
+    async def _levels_and_active(self, tenant_id: str, quotas: Quotas, now: float) -> list[Any]:
+        args: list[str | int | float] = [
+            repr(now),
+            *(_limit(getattr(quotas, name)) for name in BUCKET_LIMITS),
+        ]
+        keys = self._quota_keys(tenant_id, now)[:2]
+        result: list[Any] = await self._call(lambda: self._levels(keys=keys, args=args))
+        return result
+
+    async def levels(self, tenant_id: str, quotas: Quotas, now: float) -> dict[str, float]:
+        raw = await self._levels_and_active(tenant_id, quotas, now)
+        return {name: float(v) for name, v in zip(BUCKET_LIMITS, raw[:4], strict=True) if v}
+
+    async def active_count(self, tenant_id: str, now: float) -> int:
+        return int((await self._levels_and_active(tenant_id, Quotas(), now))[4])
+
+    async def ledger(
+        self, tenant_id: str, days: list[str], month: str
+    ) -> tuple[dict[str, LedgerRow], LedgerRow]:
+        base = f"{self.prefix}q:{{{tenant_id}}}:"
+
+        async def load() -> list[Any]:
+            pipe = self.redis.pipeline(transaction=False)
+            for day in days:
+                pipe.hmget(base + "day:" + day, "in", "out", "req")
+            pipe.hmget(base + "month:" + month, "in", "out", "req")
+            return list(await pipe.execute())
+
+        raw = await self._call(load)
+        rows = {
+            d: LedgerRow(*(int(v or 0) for v in r))
+            for d, r in zip(days, raw, strict=False)
+            if r[2] is not None
+        }
+        return rows, LedgerRow(*(int(v or 0) for v in raw[-1]))

@@ -1,0 +1,91 @@
+"""The one interface every tenant store implements (memory, sqlite, redis), and its failure type.
+
+Stores hold data and quota counters; they know nothing of policy defaults, HTTP or logging. All times
+are seconds since the epoch from the caller's clock, so tests drive every store with a fake clock.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from gateway.tenants.models import KeyRecord, Quotas, TenantSpec
+from gateway.tenants.quota import Charge, Denial, LedgerRow
+
+
+class StoreUnavailable(Exception):
+    """The store's backend (Redis) cannot be reached; the service applies the configured failure mode."""
+
+
+class Store(ABC):
+    kind: str = ""
+
+    async def start(self) -> None:  # noqa: B027 - optional hook: the memory store has nothing to open
+        """Open connections and load what the store keeps in memory."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections; safe to call twice."""
+
+    # tenants and keys
+    @abstractmethod
+    async def list_tenants(self) -> list[TenantSpec]: ...
+
+    @abstractmethod
+    async def get_tenant(self, tenant_id: str) -> TenantSpec | None: ...
+
+    @abstractmethod
+    async def create_tenant(self, spec: TenantSpec) -> bool:
+        """Store a new tenant; False (and no change) if the id exists."""
+
+    @abstractmethod
+    async def update_tenant(self, spec: TenantSpec) -> bool:
+        """Replace an existing tenant; False if it does not exist."""
+
+    @abstractmethod
+    async def delete_tenant(self, tenant_id: str) -> bool:
+        """Remove the tenant and all its keys (its usage ledger stays for accounting)."""
+
+    @abstractmethod
+    async def add_key(self, record: KeyRecord) -> None: ...
+
+    @abstractmethod
+    async def key_by_hash(self, key_hash: str) -> KeyRecord | None: ...
+
+    @abstractmethod
+    async def list_keys(self, tenant_id: str) -> list[KeyRecord]: ...
+
+    @abstractmethod
+    async def revoke_key(self, tenant_id: str, key_id: str, now: float) -> KeyRecord | None:
+        """Mark the key revoked; None if the tenant has no such key."""
+
+    # quota counters
+    @abstractmethod
+    async def reserve(
+        self, tenant_id: str, quotas: Quotas, charge: Charge, now: float, reservation_id: str
+    ) -> Denial | None:
+        """Atomically check and take every limit (see quota.py for the arithmetic); None = admitted."""
+
+    @abstractmethod
+    async def settle(
+        self,
+        tenant_id: str,
+        quotas: Quotas,
+        reserved: Charge,
+        actual: Charge,
+        reserved_at: float,
+        now: float,
+        reservation_id: str,
+    ) -> None:
+        """Reconcile a reservation with actual usage and free its concurrency slot."""
+
+    @abstractmethod
+    async def levels(self, tenant_id: str, quotas: Quotas, now: float) -> dict[str, float]:
+        """Remaining capacity of each configured per-minute limit."""
+
+    @abstractmethod
+    async def active_count(self, tenant_id: str, now: float) -> int: ...
+
+    @abstractmethod
+    async def ledger(
+        self, tenant_id: str, days: list[str], month: str
+    ) -> tuple[dict[str, LedgerRow], LedgerRow]:
+        """Ledger rows for the given UTC days (missing days omitted) and the total of one month."""
