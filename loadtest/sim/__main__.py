@@ -1,0 +1,3 @@
+from loadtest.sim.cli import main
+
+raise SystemExit(main())

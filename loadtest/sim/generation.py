@@ -1,0 +1,222 @@
+"""From a parsed HTTP request to an engine request and back: validation, output length, faults, and the
+streaming / non-streaming bodies of the OpenAI and native routes."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from loadtest.sim.engine import EngineError, SimRequest
+from loadtest.sim.faults import FaultInjector
+from loadtest.sim.profile import Profile
+from loadtest.sim.responses import (
+    SSE_DONE,
+    ChunkFactory,
+    error_response,
+    json_response,
+    output_text,
+    sse,
+    stream_error,
+)
+from loadtest.sim.runtime import EngineRunner, Handle
+from loadtest.sim.tokens import PromptCount, PromptError
+
+
+class DroppedConnection(Exception):
+    """Raised inside a stream to cut the connection (mid-stream disconnect fault)."""
+
+
+@dataclass
+class Call:
+    """One validated generation call, whatever route it came from."""
+
+    kind: str  # chat | completion | generate
+    model: str
+    prompt: PromptCount
+    max_new_tokens: int | None
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+    priority: int
+    rid: str | None = None
+
+
+def int_field(body: dict[str, Any], *names: str, minimum: int = 0) -> int | None:
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise PromptError(f"{name} must be an integer >= {minimum}.")
+        return value
+    return None
+
+
+class Generator:
+    def __init__(self, profile: Profile, runner: EngineRunner, faults: FaultInjector, seed: int) -> None:
+        self.profile = profile
+        self.runner = runner
+        self.faults = faults
+        self._rng = random.Random(seed)
+        self.context_len = min(profile.context_length, runner.engine.config.max_total_tokens)
+
+    def _output_len(self, max_new: int, ignore_eos: bool) -> int:
+        if ignore_eos:
+            return max_new
+        o = self.profile.output
+        natural = round(self._rng.lognormvariate(math.log(o.median_tokens), o.sigma))
+        return min(max_new, max(o.min_tokens, natural))
+
+    def _check_context(self, prompt: int, max_new: int | None) -> int:
+        """SGLang's two length checks; returns the effective max_new_tokens."""
+        if prompt >= self.context_len:
+            raise PromptError(
+                f"The input ({prompt} tokens) is longer than the model's context length "
+                f"({self.context_len} tokens)."
+            )
+        if max_new is None:
+            return self.context_len - prompt
+        if max_new + prompt >= self.context_len:
+            raise PromptError(
+                "Requested token count exceeds the model's maximum context length of "
+                f"{self.context_len} tokens. You requested a total of {prompt + max_new} tokens: "
+                f"{prompt} tokens from the input messages and {max_new} tokens for the completion. "
+                "Please reduce the number of tokens in the input messages or the completion to fit "
+                "within the limit."
+            )
+        return max_new
+
+    async def handle(self, call: Call, request: Request) -> Response:
+        try:
+            max_new = self._check_context(call.prompt.total, call.max_new_tokens)
+        except PromptError as exc:
+            return error_response(exc.status, exc.message)
+        if max_new == 0:
+            max_new = 1
+        status = self.faults.error_status()
+        if status is not None:
+            return error_response(status, f"Injected fault: simulated error {status}.")
+        if self.faults.config.latency_s > 0:
+            await self.runner.clock.sleep(self.faults.config.latency_s)
+        prefix = {"chat": "chatcmpl-", "completion": "cmpl-"}.get(call.kind, "")
+        req = SimRequest(
+            rid=call.rid or prefix + uuid.uuid4().hex,
+            prompt_tokens=call.prompt.total,
+            max_new_tokens=max_new,
+            output_len=self._output_len(max_new, call.ignore_eos),
+            encoder_tokens=call.prompt.encoder_tokens,
+            priority=call.priority,
+        )
+        try:
+            handle = self.runner.submit(req)
+        except EngineError as exc:
+            return error_response(exc.status, exc.message)
+        if call.stream:
+            return StreamingResponse(self._stream(call, handle), media_type="text/event-stream")
+        return await self._complete(call, handle, request)
+
+    async def _complete(self, call: Call, handle: Handle, request: Request) -> Response:
+        done = asyncio.ensure_future(self._drain(handle))
+        gone = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not done.done():
+                done.cancel()
+                self.runner.abort(handle.req.rid)
+            self.runner.release(handle)
+        req = handle.req
+        if req.error is not None:
+            return error_response(req.error.status, req.error.message)
+        if req.finish_reason == "abort" or not done.done():
+            return error_response(400, "The request was aborted.")
+        return json_response(self._body(call, req))
+
+    def _body(self, call: Call, req: SimRequest) -> dict[str, Any]:
+        text = output_text(0, req.generated)
+        finish = req.finish_reason or "stop"
+        if call.kind == "generate":
+            return _native_chunk(req, req.generated)
+        return ChunkFactory(req.rid, call.model, call.kind == "chat").complete(
+            text, finish, req.prompt_tokens, req.generated
+        )
+
+    async def _drain(self, handle: Handle) -> None:
+        async for _ in handle.progress():
+            pass
+
+    async def _stream(self, call: Call, handle: Handle) -> AsyncIterator[bytes]:
+        req = handle.req
+        chunks = ChunkFactory(req.rid, call.model, call.kind == "chat")
+        cut_after = self.faults.disconnect_after()
+        stall_at = self.faults.stall_after()
+        sent = 0
+        try:
+            if call.kind == "chat":
+                yield chunks.role_chunk()
+            if cut_after == 0:
+                raise DroppedConnection
+            async for total in handle.progress():
+                if stall_at is not None and sent >= stall_at:
+                    stall_at = None
+                    await self.runner.clock.sleep(self.faults.config.stall_s)
+                if call.kind == "generate":
+                    yield sse(_native_chunk(req, total))
+                else:
+                    yield chunks.content_chunk(output_text(sent, total))
+                sent = total
+                if cut_after is not None and sent >= cut_after:
+                    raise DroppedConnection
+            if req.error is not None:
+                yield stream_error(req.error.message, req.error.status)
+            elif req.finish_reason == "abort":
+                yield stream_error("The request was aborted.", 400)
+            elif call.kind != "generate":
+                yield chunks.finish_chunk(req.finish_reason or "stop")
+                if call.include_usage:
+                    yield chunks.usage_chunk(req.prompt_tokens, req.generated)
+            yield SSE_DONE
+        finally:
+            if req.finished_at is None:
+                self.runner.abort(req.rid)
+            self.runner.release(handle)
+
+
+def _native_chunk(req: SimRequest, total: int) -> dict[str, Any]:
+    """/generate bodies carry the cumulative text, like SGLang's non-incremental streaming."""
+    return {"text": output_text(0, total), "output_ids": list(range(total)), "meta_info": _meta(req)}
+
+
+def _meta(req: SimRequest) -> dict[str, Any]:
+    finish: dict[str, Any] | None = None
+    if req.finish_reason == "length":
+        finish = {"type": "length", "length": req.generated}
+    elif req.finish_reason == "stop":
+        finish = {"type": "stop", "matched": 151645}
+    elif req.finish_reason in ("abort", "error"):
+        finish = {"type": "abort", "message": req.error.message if req.error else "aborted"}
+    e2e = None if req.finished_at is None else round(req.finished_at - req.arrival, 6)
+    return {
+        "id": req.rid,
+        "finish_reason": finish,
+        "prompt_tokens": req.prompt_tokens,
+        "completion_tokens": req.generated,
+        "cached_tokens": 0,
+        "e2e_latency": e2e,
+    }
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

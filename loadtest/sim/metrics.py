@@ -1,0 +1,139 @@
+"""SGLang's Prometheus metrics, on a registry of this app's own (several sims may share a process).
+
+Gauges are refreshed from the engine at scrape time; counters and histograms are fed per step, in
+virtual seconds, so a scraper sees the same numbers a real engine with that schedule would report.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from loadtest.sim.engine import Engine, SimRequest, StepResult
+
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+ITL_BUCKETS = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.035,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.0,
+)
+E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 800)
+QUEUE_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500)
+
+
+class SimMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        sched = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
+        self._sched = sched
+        self._tok = {"model_name": model_name}
+        r, s, t = self.registry, list(sched), ["model_name"]
+
+        def g(name: str, doc: str) -> Gauge:
+            return Gauge(f"sglang:{name}", doc, s, registry=r)
+
+        self.num_running_reqs = g("num_running_reqs", "The number of running requests.")
+        self.num_queue_reqs = g("num_queue_reqs", "The number of requests in the waiting queue.")
+        self.num_used_tokens = g("num_used_tokens", "The number of used tokens.")
+        self.token_usage = g("token_usage", "The token usage.")
+        self.max_total_num_tokens = g(
+            "max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."
+        )
+        self.gen_throughput = g("gen_throughput", "The generation throughput (token/s).")
+        self.cache_hit_rate = g("cache_hit_rate", "The prefix cache hit rate.")
+        self.num_retracted_reqs = g("num_retracted_reqs", "The number of retracted requests.")
+        self.retracted_total = Counter(
+            "sglang:num_retracted_requests", "Total number of retracted requests.", s, registry=r
+        )
+        self.prompt_tokens = Counter(
+            "sglang:prompt_tokens", "Number of prefill tokens processed.", t, registry=r
+        )
+        self.generation_tokens = Counter(
+            "sglang:generation_tokens", "Number of generation tokens processed.", t, registry=r
+        )
+        self.requests = Counter("sglang:num_requests", "Number of requests processed.", t, registry=r)
+        self.aborted = Counter("sglang:num_aborted_requests", "Number of requests aborted.", t, registry=r)
+        self.ttft = Histogram(
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            t,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "sglang:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            t,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            t,
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "sglang:queue_time_seconds",
+            "Histogram of queueing time in seconds.",
+            t,
+            buckets=QUEUE_BUCKETS,
+            registry=r,
+        )
+
+    def on_step(self, result: StepResult) -> None:
+        tok = self._tok
+        for req in result.emitted:
+            if len(req.token_times) == 1:
+                self.ttft.labels(**tok).observe(req.token_times[0] - req.arrival)
+                if req.admitted_at is not None:
+                    self.queue_time.labels(**tok).observe(req.admitted_at - req.arrival)
+            elif len(req.token_times) >= 2:
+                self.itl.labels(**tok).observe(req.token_times[-1] - req.token_times[-2])
+        self.generation_tokens.labels(**tok).inc(len(result.emitted))
+        self.prompt_tokens.labels(**tok).inc(result.prefill_tokens)
+        if result.retracted:
+            self.retracted_total.labels(**self._sched).inc(len(result.retracted))
+        for req in (*result.finished, *result.failed):
+            self.on_finished(req)
+
+    def on_finished(self, req: SimRequest) -> None:
+        self.requests.labels(**self._tok).inc()
+        if req.finished_at is not None:
+            self.e2e.labels(**self._tok).observe(req.finished_at - req.arrival)
+
+    def on_aborted(self, req: SimRequest) -> None:
+        self.aborted.labels(**self._tok).inc()
+        self.on_finished(req)
+
+    def render(self, engine: Engine) -> bytes:
+        s = self._sched
+        total = engine.config.max_total_tokens
+        self.num_running_reqs.labels(**s).set(engine.num_running)
+        self.num_queue_reqs.labels(**s).set(len(engine.waiting))
+        self.num_used_tokens.labels(**s).set(engine.used_tokens)
+        self.token_usage.labels(**s).set(round(engine.used_tokens / total, 4))
+        self.max_total_num_tokens.labels(**s).set(total)
+        self.gen_throughput.labels(**s).set(round(engine.gen_throughput(), 2))
+        self.cache_hit_rate.labels(**s).set(0.0)
+        self.num_retracted_reqs.labels(**s).set(engine.num_retracted_waiting())
+        return generate_latest(self.registry)
