@@ -67,6 +67,7 @@ class RedisStore(Store):
         retry_interval: float = 1.0,
         lease_s: float = 120.0,
         socket_timeout: float = 2.0,
+        max_connections: int = 64,
     ) -> None:
         self.url = url
         self.prefix = prefix
@@ -74,9 +75,15 @@ class RedisStore(Store):
         self.retry_interval = retry_interval
         self.lease_s = lease_s
         self.channel = prefix + "changes"
-        self.redis: aioredis.Redis = aioredis.Redis.from_url(
-            url, socket_connect_timeout=socket_timeout, socket_timeout=socket_timeout
+        # A blocking pool: a burst of admissions waits for a free connection instead of failing.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
+            socket_timeout=socket_timeout,
         )
+        self.redis: aioredis.Redis = aioredis.Redis(connection_pool=pool)
         self._reserve = self.redis.register_script(RESERVE)
         self._settle = self.redis.register_script(SETTLE)
         self._levels = self.redis.register_script(LEVELS)
