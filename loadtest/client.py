@@ -1,0 +1,120 @@
+"""One streaming chat completion, measured the way vLLM's bench serve measures it.
+
+TTFT is taken at the first chunk carrying non-empty content (SGLang's opening role-only chunk with
+content "" is not a token), every later content chunk adds one ITL gap, E2E ends at the stream's last
+byte, and output tokens are the server's usage count (chunk count only if the server sent no usage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from loadtest.http import HttpError, HttpPool, Response
+from loadtest.records import GATEWAY_HEADERS, RequestRecord
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    """What the workload hands the client: the JSON body plus the labels we break metrics down by."""
+
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+    bucket: str = "text"
+    tenant: str = ""
+    priority: int | None = None
+    traffic_class: str = ""
+
+
+def error_code(status: int, body: bytes) -> str:
+    """A short error label from OpenAI-style, SGLang-style or FastAPI-style error bodies."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return f"http_{status}"
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            code = err.get("code") or err.get("type")
+            if code is not None:
+                return str(code)
+    return f"http_{status}"
+
+
+def _content(choice: dict[str, Any]) -> str:
+    delta = choice.get("delta") or {}
+    return str(delta.get("content") or delta.get("reasoning_content") or "")
+
+
+async def _consume(pool: HttpPool, req: PreparedRequest, rec: RequestRecord, t_sent: float) -> None:
+    payload = orjson.dumps(req.body)
+    headers = {"content-type": "application/json", "accept": "text/event-stream", **req.headers}
+    resp = await pool.request("POST", CHAT_PATH, payload, headers)
+    try:
+        await _read_stream(resp, rec, t_sent)
+    finally:
+        resp.close()
+
+
+async def _read_stream(resp: Response, rec: RequestRecord, t_sent: float) -> None:
+    rec.status = resp.status
+    rec.headers = {k: resp.headers[k] for k in GATEWAY_HEADERS if k in resp.headers}
+    if resp.status != 200:
+        rec.error = error_code(resp.status, await resp.read())
+        rec.e2e = time.perf_counter() - t_sent
+        return
+    buf = b""
+    content_chunks = 0
+    usage_tokens: int | None = None
+    async for piece in resp.iter_bytes():
+        now = time.perf_counter() - t_sent
+        buf += piece
+        *events, buf = buf.replace(b"\r\n", b"\n").split(b"\n\n")
+        for event in events:
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    continue
+                msg = orjson.loads(data)
+                if "error" in msg:
+                    err = msg["error"]
+                    rec.error = str(err.get("code") or err.get("type") or "stream_error")
+                    continue
+                if any(_content(c) for c in msg.get("choices") or ()):
+                    content_chunks += 1
+                    rec.chunk_times.append(now)
+                    if rec.ttft is None:
+                        rec.ttft = now
+                usage = msg.get("usage")
+                if usage:
+                    usage_tokens = int(usage.get("completion_tokens") or 0)
+                    rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    rec.e2e = time.perf_counter() - t_sent
+    rec.output_tokens = usage_tokens if usage_tokens is not None else content_chunks
+
+
+async def send(
+    pool: HttpPool, req: PreparedRequest, rec: RequestRecord, start: float, deadline_s: float
+) -> RequestRecord:
+    """Send now and fill `rec`; `start` is the run's perf_counter origin. Never raises for server faults."""
+    t_sent = time.perf_counter()
+    rec.sent = t_sent - start
+    rec.bucket, rec.tenant, rec.priority = req.bucket, req.tenant, req.priority
+    rec.traffic_class = req.traffic_class
+    try:
+        await asyncio.wait_for(_consume(pool, req, rec, t_sent), deadline_s)
+    except TimeoutError:
+        rec.error = "timeout"
+    except (HttpError, orjson.JSONDecodeError) as e:
+        rec.error = "transport" if isinstance(e, HttpError) else "bad_stream"
+    if rec.error is not None and rec.e2e is None:
+        rec.e2e = time.perf_counter() - t_sent
+    return rec

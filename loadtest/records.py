@@ -1,0 +1,72 @@
+"""The per-request record every metric is computed from (times are seconds from the run's start)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Response headers the gateway sets; recorded verbatim when present (absent against bare SGLang).
+GATEWAY_HEADERS = ("x-omnigate-queue-ms", "x-omnigate-backend", "x-omnigate-bucket", "x-omnigate-priority")
+
+# Statuses that mean "the server declined the work" rather than "the server broke".
+REJECT_STATUSES = frozenset({408, 429, 503})
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    bucket: str = "text"
+    tenant: str = ""
+    priority: int | None = None
+    traffic_class: str = ""
+    phase: str = "measured"
+    worker: int = 0
+    scheduled: float = 0.0
+    sent: float = 0.0
+    ttft: float | None = None
+    e2e: float | None = None
+    chunk_times: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    status: int = 0
+    error: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+    @property
+    def rejected(self) -> bool:
+        return self.status in REJECT_STATUSES
+
+    @property
+    def send_lag(self) -> float:
+        return self.sent - self.scheduled
+
+    @property
+    def queue_ms(self) -> float | None:
+        raw = self.headers.get("x-omnigate-queue-ms")
+        try:
+            return float(raw) if raw is not None else None
+        except ValueError:
+            return None
+
+    def scaled(self, factor: float) -> RequestRecord:
+        """The record with every time multiplied by factor (undoing a time-scaled simulator)."""
+        out = RequestRecord(**asdict(self))
+        out.scheduled *= factor
+        out.sent *= factor
+        out.ttft = None if self.ttft is None else self.ttft * factor
+        out.e2e = None if self.e2e is None else self.e2e * factor
+        out.chunk_times = [c * factor for c in self.chunk_times]
+        q = self.queue_ms
+        if q is not None:
+            out.headers["x-omnigate-queue-ms"] = repr(q * factor)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RequestRecord:
+        return cls(**data)

@@ -1,0 +1,211 @@
+"""Drive one run: warm-up, then the measured phase, open loop or closed loop, in one or N processes.
+
+Open loop means the send schedule is fixed before the run and never waits for responses: each send is
+its own task, so a slow server shows up as latency, not as a lower offered rate. The client measures
+its own send lag (actual − scheduled send time) so a saturated load generator is visible in results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loadtest.arrivals import constant_shape, schedule
+from loadtest.client import PreparedRequest, send
+from loadtest.http import HttpPool
+from loadtest.media import MediaCache
+from loadtest.progress import show
+from loadtest.records import RequestRecord
+from loadtest.scrape import Sample, Scraper
+from loadtest.trace import load_trace
+from loadtest.workload import RequestFactory, Workload
+
+
+@dataclass(slots=True)
+class RunOptions:
+    url: str
+    workload: Workload
+    workers: int = 1
+    scrape_targets: list[str] = field(default_factory=list)
+    scrape_interval: float = 0.5
+    gpus: float = 0.0
+    progress: bool = False
+    cache_dir: Path | None = None
+
+
+@dataclass(slots=True)
+class Plan:
+    """One worker's share of a phase: send offsets with their requests, or a closed-loop user count."""
+
+    phase: str
+    offsets: list[float]
+    requests: list[PreparedRequest] | None = None
+    concurrency: int = 0
+    duration: float = 0.0
+    count: int | None = None
+
+
+def _share(total: int, worker: int, workers: int) -> int:
+    return total // workers + (1 if worker < total % workers else 0)
+
+
+def plan_worker(w: Workload, worker: int, workers: int) -> list[Plan]:
+    """Warm-up and measured plans for one worker, in wall time (compressed by the workload's time scale)."""
+    s = w.time_scale
+    plans = []
+    if w.warmup.duration > 0 and (w.warmup.count is None or w.warmup.count > 0):
+        warm = constant_shape(w.warmup.rate).compressed(s)
+        offsets = schedule(
+            warm,
+            duration=w.warmup.duration / s,
+            count=w.warmup.count,
+            seed=w.seed + 1,
+            worker=worker,
+            workers=workers,
+        )
+        plans.append(Plan("warmup", offsets, duration=w.warmup.duration / s, count=w.warmup.count))
+    if w.trace:
+        rows = load_trace(w.trace, w.trace_speed * s)[worker::workers]
+        rows = [r for r in rows if r[0] < w.duration / s][: w.count]
+        plans.append(
+            Plan("measured", [t for t, _ in rows], [req for _, req in rows], duration=w.duration / s)
+        )
+    elif w.arrivals.concurrency:
+        users = _share(w.arrivals.concurrency, worker, workers)
+        count = None if w.count is None else _share(w.count, worker, workers)
+        plans.append(Plan("measured", [], concurrency=users, duration=w.duration / s, count=count))
+    else:
+        shape = w.arrivals.build(w.duration).compressed(s)
+        offsets = schedule(
+            shape,
+            duration=w.duration / s,
+            count=w.count,
+            process=w.arrivals.process,
+            burstiness=w.arrivals.burstiness,
+            seed=w.seed,
+            worker=worker,
+            workers=workers,
+        )
+        plans.append(Plan("measured", offsets, duration=w.duration / s, count=w.count))
+    return plans
+
+
+class Worker:
+    """Executes plans against one URL from one event loop, appending records as requests are sent."""
+
+    def __init__(self, opts: RunOptions, worker: int, start: float, media: MediaCache | None = None) -> None:
+        self.opts = opts
+        self.worker = worker
+        self.start = start
+        self.pool = HttpPool(opts.url)
+        media = media or MediaCache(opts.cache_dir, opts.workload.seed)
+        self.factory = RequestFactory(opts.workload, media, worker)
+        self.records: list[RequestRecord] = []
+        self._tasks: set[asyncio.Task[RequestRecord]] = set()
+
+    def _launch(self, req: PreparedRequest, phase: str, scheduled: float) -> asyncio.Task[RequestRecord]:
+        rec = RequestRecord(phase=phase, worker=self.worker, scheduled=scheduled)
+        self.records.append(rec)
+        task = asyncio.create_task(send(self.pool, req, rec, self.start, self.opts.workload.timeout))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def open_loop(self, plan: Plan, origin: float) -> None:
+        reqs = plan.requests
+        for i, off in enumerate(plan.offsets):
+            req = reqs[i] if reqs is not None else self.factory.next()  # built before the wait: no lag
+            due = origin + off
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._launch(req, plan.phase, due - self.start)
+
+    async def closed_loop(self, plan: Plan, origin: float) -> None:
+        end = origin + plan.duration
+        issued = 0
+
+        async def user() -> None:
+            nonlocal issued
+            while time.perf_counter() < end and (plan.count is None or issued < plan.count):
+                issued += 1
+                req = self.factory.next()
+                await self._launch(req, plan.phase, time.perf_counter() - self.start)
+
+        await asyncio.gather(*(user() for _ in range(plan.concurrency)))
+
+    async def run(self, plans: list[Plan]) -> list[RequestRecord]:
+        origin = self.start
+        for plan in plans:
+            if plan.concurrency:
+                await self.closed_loop(plan, origin)
+            else:
+                await self.open_loop(plan, origin)
+                # A duration-bounded phase lasts its full duration even if its last send came early.
+                if plan.count is None:
+                    await asyncio.sleep(max(0.0, origin + plan.duration - time.perf_counter()))
+            origin = time.perf_counter()
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks))
+        await self.pool.aclose()
+        return self.records
+
+
+def expected_wall(w: Workload) -> float:
+    return (w.warmup.duration + w.duration) / w.time_scale
+
+
+def _worker_main(opts: RunOptions, worker: int, workers: int, start_wall: float) -> list[RequestRecord]:
+    """Entry point of one worker process; all workers share the same wall-clock start."""
+    plans = plan_worker(opts.workload, worker, workers)
+
+    async def go() -> list[RequestRecord]:
+        start = time.perf_counter() + (start_wall - time.time())
+        runner = Worker(opts, worker, start)
+        runner.factory.prewarm()  # reads the parent's disk cache: fast
+        await asyncio.sleep(max(0.0, start - time.perf_counter()))
+        return await runner.run(plans)
+
+    return asyncio.run(go())
+
+
+async def _run_processes(opts: RunOptions, start: float) -> list[RequestRecord]:
+    """N spawned worker processes, each with its own seed stream and 1/N of the rate."""
+    n = opts.workers
+    start_wall = time.time() + (start - time.perf_counter())
+    ctx = multiprocessing.get_context("spawn")
+    loop = asyncio.get_running_loop()
+    with ctx.Pool(n) as pool:
+        pending = [pool.apply_async(_worker_main, (opts, k, n, start_wall)) for k in range(n)]
+        results = await asyncio.gather(*(loop.run_in_executor(None, p.get) for p in pending))
+    return [r for part in results for r in part]
+
+
+async def execute(opts: RunOptions) -> tuple[list[RequestRecord], list[Sample]]:
+    """Run warm-up and measured phases while scraping backend metrics; returns raw records and samples."""
+    w = opts.workload
+    media = MediaCache(opts.cache_dir, w.seed)
+    RequestFactory(w, media).prewarm()
+    # Spawned workers need time to import before the common start; one worker starts almost at once.
+    start = time.perf_counter() + (0.05 if opts.workers == 1 else 1.0 + 0.5 * opts.workers)
+    stop = asyncio.Event()
+    scraper = Scraper(opts.scrape_targets, start, opts.scrape_interval)
+    background = [asyncio.create_task(scraper.run(stop))] if opts.scrape_targets else []
+    try:
+        if opts.workers == 1:
+            worker = Worker(opts, 0, start, media)
+            if opts.progress:
+                background.append(
+                    asyncio.create_task(show(worker.records, start, expected_wall(w), w.time_scale, stop))
+                )
+            await asyncio.sleep(max(0.0, start - time.perf_counter()))
+            records = await worker.run(plan_worker(w, 0, 1))
+        else:
+            records = await _run_processes(opts, start)
+    finally:
+        stop.set()
+        await asyncio.gather(*background)
+    return records, scraper.samples

@@ -1,0 +1,297 @@
+"""Workload files: what to send (content mix, lengths, media, tenants) and when (arrival spec).
+
+A workload is a YAML file validated by pydantic; CLI flags override single fields. The factory turns
+a seeded RNG into OpenAI chat-completion requests, so the same seed yields the same request sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from loadtest.arrivals import Process, Shape, burst_shape, constant_shape, sawtooth_shape, step_shape
+from loadtest.client import PreparedRequest
+from loadtest.media import MediaCache
+
+BUCKETS = ("text", "single_image", "multi_image", "long_doc", "audio")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Dist(_Strict):
+    """An integer length distribution, clamped to [min, max]. lognormal is given by its median."""
+
+    dist: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
+    value: int = 128
+    mean: float = 128.0
+    median: float = 128.0
+    sigma: float = 0.0
+    min: int = 1
+    max: int = 1_000_000
+
+    def sample(self, rng: random.Random) -> int:
+        if self.dist == "fixed":
+            x = float(self.value)
+        elif self.dist == "uniform":
+            x = rng.uniform(self.min, self.max)
+        elif self.dist == "normal":
+            x = rng.gauss(self.mean, self.sigma)
+        else:
+            x = rng.lognormvariate(math.log(self.median), self.sigma)
+        return max(self.min, min(self.max, round(x)))
+
+
+class ImageSpec(_Strict):
+    resolutions: list[tuple[int, int]] = Field(default_factory=lambda: [(1024, 768)], min_length=1)
+    count: tuple[int, int] = (1, 1)
+    format: Literal["png", "jpeg"] = "png"
+    variants: int = Field(16, ge=1)
+
+
+class AudioSpec(_Strict):
+    seconds: tuple[float, float] = (5.0, 20.0)
+    variants: int = Field(4, ge=1)
+
+
+class Share(_Strict):
+    name: str
+    share: float = Field(1.0, ge=0)
+
+
+class PriorityShare(_Strict):
+    value: int
+    share: float = Field(1.0, ge=0)
+
+
+class Arrivals(_Strict):
+    shape: Literal["constant", "step", "sawtooth", "burst"] = "constant"
+    process: Process = "poisson"
+    burstiness: float = Field(1.0, gt=0)
+    rate: float = Field(10.0, ge=0)
+    rates: list[float] = Field(default_factory=list)
+    dwell: float = Field(30.0, gt=0)
+    low: float = Field(10.0, ge=0)
+    high: float = Field(80.0, ge=0)
+    period: float = Field(60.0, gt=0)
+    base: float = Field(5.0, ge=0)
+    peak: float = Field(50.0, ge=0)
+    every: float = Field(30.0, gt=0)
+    length: float = Field(3.0, gt=0)
+    concurrency: int | None = Field(None, ge=1, description="Closed loop: this many in flight, no schedule.")
+
+    def build(self, duration: float) -> Shape:
+        if self.shape == "constant":
+            return constant_shape(self.rate)
+        if self.shape == "step":
+            return step_shape(self.rates or [self.rate], self.dwell)
+        if self.shape == "sawtooth":
+            return sawtooth_shape(self.low, self.high, self.period, duration)
+        return burst_shape(self.base, self.peak, self.every, self.length, duration)
+
+
+class Warmup(_Strict):
+    duration: float = Field(5.0, ge=0)
+    rate: float = Field(2.0, gt=0)
+    count: int | None = Field(None, ge=0)
+
+
+class Slo(_Strict):
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+
+class Workload(_Strict):
+    name: str = "custom"
+    model: str = "default"
+    seed: int = 0
+    mix: dict[str, float] = Field(default_factory=lambda: {"text": 5, "single_image": 3, "multi_image": 2})
+    prompt_tokens: Dist = Field(default_factory=lambda: Dist(dist="lognormal", median=256, sigma=0.6))
+    long_doc_tokens: Dist = Field(default_factory=lambda: Dist(dist="uniform", min=6000, max=12000))
+    output_tokens: Dist = Field(default_factory=lambda: Dist(dist="lognormal", median=200, sigma=0.5))
+    images: dict[str, ImageSpec] = Field(
+        default_factory=lambda: {
+            "single_image": ImageSpec(resolutions=[(1024, 768), (1280, 720), (640, 480)]),
+            "multi_image": ImageSpec(resolutions=[(1024, 768), (800, 600)], count=(2, 4), format="jpeg"),
+        }
+    )
+    audio: AudioSpec = Field(default_factory=AudioSpec)
+    api_key: str | None = Field(None, description="Bearer key sent when no tenants are listed.")
+    tenants: list[Share] = Field(default_factory=list, description="Tenants by API key, with traffic shares.")
+    priorities: list[PriorityShare] = Field(default_factory=list)
+    classes: list[Share] = Field(default_factory=list)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    arrivals: Arrivals = Field(default_factory=Arrivals)
+    duration: float = Field(60.0, gt=0)
+    count: int | None = Field(None, ge=1)
+    warmup: Warmup = Field(default_factory=Warmup)
+    slo: Slo = Field(default_factory=Slo)
+    time_scale: float = Field(
+        1.0, gt=0, description="Simulator speed-up: schedule compressed, times expanded."
+    )
+    trace: str | None = None
+    trace_speed: float = Field(1.0, gt=0)
+    timeout: float = Field(600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> Workload:
+        unknown = set(self.mix) - set(BUCKETS)
+        if unknown:
+            raise ValueError(f"unknown buckets in mix: {sorted(unknown)}; known: {list(BUCKETS)}")
+        if not any(v > 0 for v in self.mix.values()):
+            raise ValueError("mix needs at least one positive share")
+        for b in ("single_image", "multi_image"):
+            if self.mix.get(b, 0) > 0 and b not in self.images:
+                raise ValueError(f"mix uses {b} but images.{b} is not configured")
+        return self
+
+
+class WorkloadError(ValueError):
+    """A workload file or override that cannot be used; the message says which field and why."""
+
+
+def load_workload(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Workload:
+    """Load a YAML workload (or defaults) and apply dotted-key overrides like {"arrivals.rate": 20}."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as e:
+            raise WorkloadError(f"{path}: {e}") from None
+        if not isinstance(loaded, dict):
+            raise WorkloadError(f"{path}: top level must be a mapping")
+        data = loaded
+    for key, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    try:
+        return Workload.model_validate(data)
+    except ValidationError as e:
+        msgs = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        raise WorkloadError(f"{path or '<workload>'}: {msgs}") from None
+
+
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "with",
+    "was",
+    "on",
+    "be",
+    "by",
+    "this",
+    "are",
+    "from",
+    "at",
+    "or",
+    "an",
+    "have",
+    "not",
+    "which",
+    "but",
+    "model",
+    "image",
+    "token",
+    "batch",
+    "queue",
+    "request",
+    "latency",
+    "memory",
+    "cache",
+    "decode",
+    "prefill",
+    "scheduler",
+    "tenant",
+    "gateway",
+]
+
+
+def _pick(rng: random.Random, names: list[Any], weights: list[float]) -> Any:
+    return rng.choices(names, weights=weights, k=1)[0]
+
+
+class RequestFactory:
+    """Seeded request generator for one worker; call `next()` once per send in schedule order."""
+
+    def __init__(self, workload: Workload, media: MediaCache, worker: int = 0) -> None:
+        self.w = workload
+        self.media = media
+        self.rng = random.Random(f"omnigate-content:{workload.seed}:{worker}")
+        self._buckets = [b for b, s in workload.mix.items() if s > 0]
+        self._bucket_w = [workload.mix[b] for b in self._buckets]
+
+    def text(self, n_tokens: int) -> str:
+        return " ".join(self.rng.choice(_WORDS) for _ in range(n_tokens))
+
+    def _parts(self, bucket: str) -> list[dict[str, Any]]:
+        rng, w = self.rng, self.w
+        n_text = (w.long_doc_tokens if bucket == "long_doc" else w.prompt_tokens).sample(rng)
+        parts: list[dict[str, Any]] = [{"type": "text", "text": self.text(n_text)}]
+        if bucket in ("single_image", "multi_image"):
+            spec = w.images[bucket]
+            for _ in range(rng.randint(*spec.count)):
+                width, height = rng.choice(spec.resolutions)
+                uri = self.media.image_uri(width, height, rng.randrange(spec.variants), spec.format)
+                parts.append({"type": "image_url", "image_url": {"url": uri}})
+        elif bucket == "audio":
+            seconds = float(round(rng.uniform(*w.audio.seconds)))
+            data = self.media.audio_b64(seconds, rng.randrange(w.audio.variants))
+            parts.append({"type": "input_audio", "input_audio": {"data": data, "format": "wav"}})
+        return parts
+
+    def prewarm(self) -> None:
+        """Render every image and clip the workload can pick, so no send waits on Pillow."""
+        w = self.w
+        for bucket, spec in w.images.items():
+            if w.mix.get(bucket, 0) > 0:
+                for (width, height), v in itertools.product(spec.resolutions, range(spec.variants)):
+                    self.media.image_uri(width, height, v, spec.format)
+        if w.mix.get("audio", 0) > 0:
+            lo, hi = round(w.audio.seconds[0]), round(w.audio.seconds[1])
+            for sec, v in itertools.product(range(lo, hi + 1), range(w.audio.variants)):
+                self.media.audio_b64(float(sec), v)
+
+    def next(self) -> PreparedRequest:
+        rng, w = self.rng, self.w
+        bucket = _pick(rng, self._buckets, self._bucket_w)
+        body: dict[str, Any] = {
+            "model": w.model,
+            "messages": [{"role": "user", "content": self._parts(bucket)}],
+            "max_tokens": w.output_tokens.sample(rng),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **w.extra_body,
+        }
+        headers: dict[str, str] = {}
+        req = PreparedRequest(body=body, headers=headers, bucket=bucket)
+        if w.tenants:
+            req.tenant = _pick(rng, [t.name for t in w.tenants], [t.share for t in w.tenants])
+            headers["authorization"] = f"Bearer {req.tenant}"
+        elif w.api_key:
+            headers["authorization"] = f"Bearer {w.api_key}"
+        if w.priorities:
+            req.priority = _pick(rng, [p.value for p in w.priorities], [p.share for p in w.priorities])
+            headers["x-priority"] = str(req.priority)
+        if w.classes:
+            req.traffic_class = _pick(rng, [c.name for c in w.classes], [c.share for c in w.classes])
+            headers["x-omnigate-class"] = req.traffic_class
+        return req
