@@ -1,4 +1,4 @@
-"""Fixtures: a fake clock, a real Redis with a private key prefix per test, and one TenantService per store."""
+"""Fixtures: a fake clock, a real Redis with a private key prefix per test, a TenantService per store."""
 
 from __future__ import annotations
 

@@ -1,0 +1,84 @@
+"""Small HTTP helpers for the tenants routes: JSON bodies in, JSON or ApiError bodies out.
+
+Routes here render their own errors, so they behave the same mounted in the gateway or in a bare test app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.errors import ApiError
+
+M = TypeVar("M", bound=BaseModel)
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def error_response(err: ApiError) -> Response:
+    return Response(
+        err.body_bytes(), err.status, headers=err.response_headers(), media_type="application/json"
+    )
+
+
+async def api_error_handler(request: Request, exc: Exception) -> Response:
+    """Starlette exception handler rendering ApiError as the OpenAI-style body."""
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+def validation_error(err: ValidationError) -> ApiError:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return ApiError(400, f"{loc or 'body'}: {first['msg']}{more}", code="invalid_request", param=loc or None)
+
+
+async def parse_body(request: Request, model: type[M], *, empty_ok: bool = False) -> M:
+    """The request's JSON object validated as `model`; 400 naming the field otherwise."""
+    raw = await request.body()
+    if not raw.strip() and empty_ok:
+        raw = b"{}"
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise ApiError(400, "Request body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "Request body must be a JSON object.", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+def int_query(request: Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = lo - 1
+    if not lo <= value <= hi:
+        raise ApiError(
+            400, f"{name} must be an integer from {lo} to {hi}.", code="invalid_request", param=name
+        )
+    return value
+
+
+def rendering_errors(handler: Endpoint) -> Endpoint:
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return error_response(e)
+
+    return endpoint
