@@ -72,14 +72,14 @@ def _flac_seconds(head: bytes) -> float:
     return samples / rate
 
 
-def _mp3_kbps(head: bytes) -> float | None:
+def _mp3_frames(head: bytes) -> tuple[int, float | None]:
+    """(offset of the first frame after any ID3v2 tag, that frame's bitrate in kbps or None)."""
     pos = 0
     if head[:3] == b"ID3" and len(head) >= 10:
         pos = 10 + (head[6] << 21 | head[7] << 14 | head[8] << 7 | head[9])
     if pos + 4 > len(head) or head[pos] != 0xFF or head[pos + 1] & 0xE0 != 0xE0:
-        return None
-    kbps = _MP3_KBPS[head[pos + 2] >> 4]
-    return float(kbps) or None
+        return pos, None
+    return pos, float(_MP3_KBPS[head[pos + 2] >> 4]) or None
 
 
 def clip_seconds(blob: Blob, default_kbps: float) -> float:
@@ -90,5 +90,5 @@ def clip_seconds(blob: Blob, default_kbps: float) -> float:
         return _wav_seconds(blob, total)
     if head[:4] == b"fLaC":
         return _flac_seconds(head)
-    kbps = _mp3_kbps(blob.head(4096)) if head[:3] == b"ID3" or head[:1] == b"\xff" else None
-    return total * 8 / ((kbps or default_kbps) * 1000)
+    offset, kbps = _mp3_frames(blob.head(4096)) if head[:3] == b"ID3" or head[:1] == b"\xff" else (0, None)
+    return max(0, total - offset) * 8 / ((kbps or default_kbps) * 1000)
