@@ -56,7 +56,15 @@ class AlertManager:
         self._pending: deque[Notification] = deque(maxlen=config.queue_size)  # until start() runs sinks
         self._tg: TaskGroup | None = None
 
+    async def __aenter__(self) -> AlertManager:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
     async def start(self) -> None:
+        """Start delivery and the evaluation loop; call `stop()` from the same task (a lifespan does)."""
         if self._client is None:
             self._client = httpx.AsyncClient()
         self._deliveries = Deliveries(self.config, self._client, self._environ, self._backoff_sleep)
@@ -98,7 +106,7 @@ class AlertManager:
         firing = self._engine.firing()
         for rule in get_args(RuleName):
             m.ALERTS_FIRING.labels(rule).set(firing.get(rule, 0))
-        notes += self.tick()
+        notes += self._failures.flush(self._thresholds(), self._clock(), self._wall())
         self._send(notes)
         return notes
 
@@ -107,8 +115,10 @@ class AlertManager:
         self._send(self._failures.offer(event, self._thresholds(), self._clock(), self._wall()))
 
     def tick(self) -> list[Notification]:
-        """Close a finished failure window; `evaluate` and the background loop call it."""
-        return self._failures.flush(self._thresholds(), self._clock(), self._wall())
+        """Close a finished failure window and send its summary; `evaluate` and the loop do this too."""
+        notes = self._failures.flush(self._thresholds(), self._clock(), self._wall())
+        self._send(notes)
+        return notes
 
     async def _loop(self) -> None:
         while True:
@@ -117,6 +127,6 @@ class AlertManager:
                 if self._provider is not None:
                     self.evaluate(self._provider())
                 else:
-                    self._send(self.tick())
+                    self.tick()
             except Exception:
                 log.exception("alert evaluation failed; will retry next interval")
