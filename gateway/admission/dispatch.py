@@ -19,6 +19,7 @@ everything after it in the order: otherwise a stream of small requests would sta
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from gateway.admission.queue import Entry
@@ -37,7 +38,9 @@ def kv_occupied(backend: BackendState) -> int:
 class Dispatcher:
     def __init__(self) -> None:
         self.round_started: float | None = None
+        self.round_grouped = False
         self.round_prefill: dict[str, int] = {}
+        self.round_dispatched = 0
 
     def round_open(self, now: float, budgets: PoolBudgets) -> bool:
         return self.round_started is not None and now < self.round_started + budgets.round_s
@@ -45,9 +48,19 @@ class Dispatcher:
     def round_ends(self, budgets: PoolBudgets) -> float | None:
         return None if self.round_started is None else self.round_started + budgets.round_s
 
-    def open_round(self, now: float) -> None:
+    def recent_dispatches(self, now: float, budgets: PoolBudgets) -> int:
+        """Dispatches of the round that just ended (0 after an idle gap): the arrival pressure."""
+        if self.round_started is None or now >= self.round_started + 2 * budgets.round_s:
+            return 0
+        return self.round_dispatched
+
+    def open_round(self, now: float, *, grouped: bool = False) -> None:
+        """Start a round. A grouped round (under load) only releases what was waiting when it opened;
+        later arrivals wait for the next round, so each round is one bounded group of prefills."""
         self.round_started = now
+        self.round_grouped = grouped
         self.round_prefill = {}
+        self.round_dispatched = 0
 
     def shared_budgets_fit(
         self, ticket: Ticket, backend: BackendState, budgets: PoolBudgets, limit: int
@@ -71,7 +84,10 @@ class Dispatcher:
     ) -> tuple[Entry, BackendState] | None:
         """The first entry in `order` that fits somewhere, and where; None when nothing may go now."""
         usable = [b for b in backends if b.available]
+        cutoff = self.round_started if self.round_grouped and self.round_started is not None else math.inf
         for entry in order:
+            if entry.enqueued_at > cutoff:
+                continue
             ticket = entry.ticket
             cap = budgets.bucket_caps.get(ticket.bucket)
             own = [
@@ -95,6 +111,7 @@ class Dispatcher:
         backend.reserved_kv_tokens += cost.kv_tokens
         backend.bucket_active[ticket.bucket] = backend.bucket_active.get(ticket.bucket, 0) + 1
         self.round_prefill[backend.url] = self.round_prefill.get(backend.url, 0) + cost.prompt_tokens
+        self.round_dispatched += 1
 
 
 def release(ticket: Ticket, backend: BackendState) -> None:

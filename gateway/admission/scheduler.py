@@ -23,7 +23,7 @@ from gateway.admission.dispatch import Dispatcher, kv_occupied
 from gateway.admission.fairness import VirtualTokenCounters, token_charge
 from gateway.admission.limits import Limit, Sample, make_limit
 from gateway.admission.queue import Entry, SLOQueue, effective_deadline
-from gateway.admission.settings import SLOClass
+from gateway.admission.settings import PoolBudgets, SLOClass
 from gateway.admission.shedding import PrefillRate, QueueGuard, displaced_error
 from gateway.admission.window import BatchWindow, QueueLoad
 from gateway.backends.state import BackendState
@@ -163,16 +163,17 @@ class PoolScheduler:
         wake = math.inf
         while self.queue:
             if not self.dispatcher.round_open(now, budgets):
-                opens = self.window.opens_at(
-                    self.pool, self._load(now, budgets.prefill_tokens_per_round), policy.window
-                )
+                load = self._load(now, budgets)
+                opens = self.window.opens_at(self.pool, load, policy.window)
                 if opens > now:
                     wake = opens
                     break
-                self.dispatcher.open_round(now)
+                under_load = policy.window.enabled and load.depth > policy.window.light_load_queue_depth
+                self.dispatcher.open_round(now, grouped=under_load)
             placed = self.dispatcher.place(self.queue.ordered(), self.backends, budgets, limits)
             if placed is None:
-                wake = self.dispatcher.round_ends(budgets) or math.inf
+                ends = self.dispatcher.round_ends(budgets)
+                wake = math.inf if ends is None else ends
                 break
             self._dispatch(*placed, policy, now)
         if not self.queue:
@@ -235,16 +236,18 @@ class PoolScheduler:
     def _available(self) -> int:
         return sum(1 for b in self.backends if b.available)
 
-    def _load(self, now: float, round_budget: int) -> QueueLoad:
+    def _load(self, now: float, budgets: PoolBudgets) -> QueueLoad:
+        """Depth counts the waiting requests plus the last round's dispatches, so a steady stream that
+        never piles up still reads as load and gets grouped rounds."""
         oldest = self.queue.oldest()
         assert oldest is not None
         slack = oldest.deadline - now - oldest.prompt_tokens / self.rate.tokens_per_s
         return QueueLoad(
-            depth=len(self.queue),
+            depth=len(self.queue) + self.dispatcher.recent_dispatches(now, budgets),
             prefill_tokens=self.queue.prefill_tokens(),
             oldest_enqueued_at=oldest.enqueued_at,
             oldest_slack_s=slack,
-            round_tokens=round_budget * max(1, self._available()),
+            round_tokens=budgets.prefill_tokens_per_round * max(1, self._available()),
         )
 
     def _sync_limits(self, policy: Policy) -> None:

@@ -63,8 +63,8 @@ class QueuePolicy(_Strict):
 class PoolBudgets(_Strict):
     """The per-backend budgets of one pool: prefill per round, KV watermark, modality bucket caps."""
 
-    prefill_tokens_per_round: int = Field(16384, gt=0)
-    round_s: float = Field(0.5, gt=0, description="Length of one dispatch round (prefill budget period).")
+    prefill_tokens_per_round: int = Field(8192, gt=0)
+    round_s: float = Field(0.1, gt=0, description="Length of one dispatch round (prefill budget period).")
     kv_watermark: float = Field(0.85, gt=0, le=1)
     bucket_caps: dict[str, int] = Field(
         default_factory=lambda: {"multi_image": 16, "single_image": 64, "long_doc": 8}

@@ -1,0 +1,263 @@
+"""The anyio shell: dispatch on events, window timers, cancellation, displacement, fairness, chaos."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+
+from gateway.admission.scheduler import Lease, PoolScheduler
+from gateway.backends.state import BackendState
+from gateway.errors import ApiError
+from gateway.policy import Policy
+from gateway.ticket import Ticket, Usage
+from tests.admission.helpers import FakeClock, backends, policy, ticket
+
+FIXED_1 = {"algorithm": "fixed", "initial": 1, "min": 1, "max": 1}
+
+
+def _sched(
+    pol: Policy, pool: list[BackendState] | None = None, clock: FakeClock | None = None
+) -> PoolScheduler:
+    return PoolScheduler("interactive", pool or backends(1), lambda: pol, clock=clock or FakeClock())
+
+
+async def _spawn(s: PoolScheduler, t: Ticket, **kw: Any) -> asyncio.Task[Lease]:
+    task = asyncio.create_task(s.acquire(t, **kw))
+    await _settle()
+    return task
+
+
+async def _settle() -> None:
+    """Let woken acquire() calls resume."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+def _assert_idle(s: PoolScheduler) -> None:
+    for b in s.backends:
+        assert (b.active, b.outstanding_tokens, b.reserved_kv_tokens, b.bucket_active) == (0, 0, 0, {})
+    assert len(s.queue) == 0 and s.in_flight == 0 and not s._waiters
+
+
+async def test_light_load_dispatches_at_once_and_release_is_idempotent() -> None:
+    clock = FakeClock()
+    s = _sched(policy(), clock=clock)
+    t = ticket(prompt=300, output=100)
+    lease = await s.acquire(t)
+    assert lease.backend.url == "http://b0" and t.backend == "http://b0" and t.dispatched_at == 1000.0
+    snap = s.snapshot()
+    assert snap["backends"][0] | {"limit": None} == {
+        "url": "http://b0",
+        "available": True,
+        "limit": None,
+        "active": 1,
+        "outstanding_tokens": 400,
+        "reserved_kv_tokens": 400,
+        "kv_occupied_tokens": 400,
+        "max_total_tokens": None,
+        "round_prefill_tokens": 300,
+        "buckets": {"text": 1},
+    }
+    lease.release(Usage(300, 50), "ok", ttft_s=0.05, tpot_s=0.02)
+    lease.release(Usage(300, 50), "ok", ttft_s=0.05, tpot_s=0.02)
+    _assert_idle(s)
+    assert s.counters.counter("t1") == 400.0  # estimate 300 + 2·100, reconciled to 300 + 2·50
+    assert s.rate.tokens_per_s == pytest.approx(10000 + 0.2 * (6000 - 10000))
+
+
+async def test_window_groups_prefills_under_load_and_releases_light_load_at_once() -> None:
+    clock = FakeClock()
+    pol = policy(
+        window={"max_window_s": 0.0625, "full_window_depth": 2, "light_load_queue_depth": 1},
+        budgets={"round_s": 0.125},
+    )
+    s = _sched(pol, clock=clock)
+    light = [await _spawn(s, ticket(prompt=100)) for _ in range(3)]
+    assert all(t.done() for t in light)  # idle pool: the first opens a round, the others join it at once
+    clock.now = 1000.125  # round over; 3 dispatched last round + 1 waiting → load → window 0.0625
+    d = await _spawn(s, ticket(prompt=100))
+    assert not d.done() and s.snapshot()["window_s"] == 0.0625
+    clock.now = 1000.15625
+    e = await _spawn(s, ticket(prompt=100))
+    assert not e.done()
+    clock.now = 1000.1875  # oldest (d) enqueued at 1000.125 + 0.0625: the round opens, d and e go together
+    s.pump()
+    await _settle()
+    assert d.done() and e.done()
+    assert s.dispatcher.round_prefill == {"http://b0": 200} and s.dispatcher.round_grouped
+    clock.now = 1000.25  # inside a grouped round: a new arrival waits for the next round
+    g = await _spawn(s, ticket(prompt=100))
+    assert not g.done() and s._next_wake == 1000.3125
+    clock.now = 1000.3125
+    s.pump()
+    await _settle()
+    assert g.done()
+    for t in [*light, d, e, g]:
+        t.result().release(None, "ok")
+    _assert_idle(s)
+
+
+async def test_cancelled_waiter_leaves_the_queue_cleanly() -> None:
+    s = _sched(policy(controller=FIXED_1))
+    first = await s.acquire(ticket())
+    waiting = await _spawn(s, ticket())
+    assert len(s.queue) == 1
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert len(s.queue) == 0 and not s._waiters
+    first.release(Usage(100, 0), "ok")
+    _assert_idle(s)
+
+
+async def test_displaced_waiter_gets_503_and_arrival_takes_its_place() -> None:
+    pol = policy(controller=FIXED_1, queue={"classes": {"interactive": {"max_queue_depth": 1}}})
+    s = _sched(pol)
+    running = await s.acquire(ticket(priority=5))
+    low = await _spawn(s, ticket(priority=0))
+    high = await _spawn(s, ticket(priority=10))
+    with pytest.raises(ApiError) as exc:
+        await low
+    assert (exc.value.status, exc.value.code) == (503, "displaced")
+    running.release(None, "ok")
+    (await high).release(None, "ok")
+    assert s.rejections == {("displaced", "interactive"): 1}
+    _assert_idle(s)
+
+
+async def test_bad_class_and_exhausted_retries_are_clear_errors() -> None:
+    s = _sched(policy())
+    with pytest.raises(ApiError) as exc:
+        await s.acquire(ticket(cls="gold"))
+    assert (exc.value.status, exc.value.code, exc.value.param) == (400, "unknown_class", "x-omnigate-class")
+    with pytest.raises(ApiError) as exc:
+        await s.acquire(ticket(), exclude={"http://b0"})
+    assert (exc.value.status, exc.value.code) == (503, "no_backend")
+
+
+async def test_overload_answers_shrink_the_limit_and_policy_reload_applies() -> None:
+    pol = policy(controller={"algorithm": "aimd", "initial": 8, "min": 2, "max": 8, "backoff": 0.5})
+    current = {"p": pol}
+    s = PoolScheduler("interactive", backends(1), lambda: current["p"], clock=FakeClock())
+    (await s.acquire(ticket())).release(None, "overloaded")
+    assert s.limits["http://b0"].limit == 4 and s.backends[0].concurrency_limit == 4
+    current["p"] = policy(controller={"algorithm": "fixed", "initial": 3, "min": 1, "max": 8})
+    s.pump()
+    assert s.backends[0].concurrency_limit == 3
+
+
+async def test_two_backlogged_tenants_weights_1_to_3_share_tokens_1_to_3() -> None:
+    pol = policy(
+        controller=FIXED_1,
+        window={"enabled": False},
+        budgets={"prefill_tokens_per_round": 10**9},
+        queue={"classes": {"interactive": {"shed_by_deadline": False}}},
+        fairness={"weights": {"light": 1.0, "heavy": 3.0}},
+    )
+    s = _sched(pol)
+    # different shapes on purpose: light sends 200-token prompts, heavy 100 + 100 output (estimated 50)
+    tasks = {
+        "light": [await _spawn(s, ticket(tenant="light", prompt=200)) for _ in range(150)],
+        "heavy": [await _spawn(s, ticket(tenant="heavy", prompt=100, output=50)) for _ in range(150)],
+    }
+    service = {"light": 0, "heavy": 0}
+    for _ in range(160):  # both tenants stay backlogged throughout
+        lease = next(t.result() for ts in tasks.values() for t in ts if t.done() and not t.result().released)
+        usage = Usage(lease.ticket.cost.prompt_tokens, 100 if lease.ticket.tenant == "heavy" else 0)
+        service[lease.ticket.tenant] += usage.prompt_tokens + 2 * usage.completion_tokens
+        lease.release(usage, "ok")
+        await _settle()
+    ratio = service["heavy"] / service["light"]
+    assert abs(ratio - 3.0) / 3.0 <= 0.10, service
+    for ts in tasks.values():
+        for t in ts:
+            t.cancel()
+    await asyncio.gather(*(t for ts in tasks.values() for t in ts), return_exceptions=True)
+    for ts in tasks.values():
+        for t in ts:
+            if not t.cancelled():
+                t.result().release(None, "ok")
+    _assert_idle(s)
+
+
+async def test_chaos_never_exceeds_budgets_and_returns_every_counter_to_zero() -> None:
+    rng = random.Random(7)
+    clock = FakeClock()
+    pol = policy(
+        controller={"algorithm": "fixed", "initial": 3, "min": 1, "max": 3},
+        budgets={"prefill_tokens_per_round": 1000, "round_s": 0.05, "bucket_caps": {"multi_image": 1}},
+        queue={"classes": {"interactive": {"ttft_p99_s": 1.0, "max_queue_depth": 20, "max_wait_s": 1.0}}},
+    )
+    pool = backends(2)
+    s = _sched(pol, pool, clock)
+    rounds: dict[tuple[float | None, str], list[int]] = {}
+    violations: list[str] = []
+    outcomes: dict[str, int] = {}
+
+    def check() -> None:
+        for b in pool:
+            if b.active > 3 or b.bucket_active.get("multi_image", 0) > 1:
+                violations.append(f"{b.url}: active {b.active}, buckets {b.bucket_active}")
+
+    async def client() -> None:
+        t = ticket(
+            tenant=rng.choice("abc"),
+            priority=rng.choice([0, 5, 10]),
+            prompt=rng.randint(10, 1500),
+            output=rng.randint(0, 200),
+            bucket=rng.choice(["text", "text", "multi_image"]),
+            arrival=clock.now,
+        )
+        exclude = {"http://b1"} if rng.random() < 0.1 else set()
+        try:
+            lease = await s.acquire(t, exclude=exclude)
+        except ApiError as e:
+            outcomes[str(e.code)] = outcomes.get(str(e.code), 0) + 1
+            return
+        check()
+        outcome = "cancelled"
+        try:
+            for _ in range(rng.randint(0, 6)):
+                await asyncio.sleep(0)
+            outcome = rng.choice(["ok", "ok", "overloaded", "error"])
+        finally:
+            lease.release(Usage(t.cost.prompt_tokens, rng.randint(0, 300)), outcome, ttft_s=0.1, tpot_s=0.03)
+            if rng.random() < 0.3:
+                lease.release(None, "ok")  # a second release must change nothing
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+    commit = s.dispatcher.commit
+
+    def recording_commit(t: Ticket, b: BackendState) -> None:  # what each round released, per backend
+        rounds.setdefault((s.dispatcher.round_started, b.url), []).append(t.cost.prompt_tokens)
+        commit(t, b)
+
+    s.dispatcher.commit = recording_commit  # type: ignore[method-assign]
+    runner = asyncio.create_task(s.run())
+    tasks: list[asyncio.Task[None]] = []
+    for _ in range(300):
+        tasks.extend(asyncio.create_task(client()) for _ in range(rng.randint(0, 3)))
+        for task in rng.sample(tasks, k=min(len(tasks), 2)):
+            if rng.random() < 0.2:
+                task.cancel()
+        clock.advance(0.01)
+        s.pump()
+        check()
+        await asyncio.sleep(0)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+
+    assert violations == []
+    for (_, url), prompts in rounds.items():
+        assert sum(prompts) <= 1000 or len(prompts) == 1, (url, prompts)
+    assert outcomes.get("ok", 0) > 50 and outcomes.get("cancelled", 0) > 0, outcomes
+    assert (
+        sum(n for code, n in outcomes.items() if code not in {"ok", "overloaded", "error", "cancelled"}) > 0
+    )
+    _assert_idle(s)
