@@ -19,22 +19,34 @@ class AlertThresholds(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
-    queue_depth: int = Field(100, ge=1, description="Fire when a pool's queue holds more than this.")
+    queue_depth: int = Field(default=100, ge=1, description="Fire when a pool's queue holds more than this.")
     queue_depth_per_pool: dict[str, int] = Field(default_factory=dict, description="Per-pool overrides.")
-    kv_usage: float = Field(0.85, gt=0, le=1, description="Fire when a backend's scraped KV fill is above.")
-    rejection_rate: float = Field(0.05, ge=0, le=1, description="Fire when rejected/answered is above.")
-    rejection_window_s: float = Field(300.0, gt=0, description="Window the rejection rate is measured on.")
-    rejection_min_requests: int = Field(20, ge=1, description="No rate alert on fewer answered requests.")
-    slo_min_samples: int = Field(20, ge=1, description="No P99 alert on fewer latency samples.")
-    for_s: float = Field(60.0, ge=0, description="How long a condition must hold before it fires.")
+    kv_usage: float = Field(
+        default=0.85, gt=0, le=1, description="Fire when a backend's scraped KV fill is above."
+    )
+    rejection_rate: float = Field(
+        default=0.05, ge=0, le=1, description="Fire when rejected/answered is above."
+    )
+    rejection_window_s: float = Field(
+        default=300.0, gt=0, description="Window the rejection rate is measured on."
+    )
+    rejection_min_requests: int = Field(
+        default=20, ge=1, description="No rate alert on fewer answered requests."
+    )
+    slo_min_samples: int = Field(default=20, ge=1, description="No P99 alert on fewer latency samples.")
+    for_s: float = Field(default=60.0, ge=0, description="How long a condition must hold before it fires.")
     for_overrides: dict[RuleName, float] = Field(
         default_factory=lambda: dict[RuleName, float]({"backend_down": 10.0}),
         description="Per-rule `for` durations.",
     )
-    repeat_s: float = Field(3600.0, gt=0, description="Re-send a still-firing alert this often.")
+    repeat_s: float = Field(default=3600.0, gt=0, description="Re-send a still-firing alert this often.")
     failure_alerts: bool = True
-    failure_burst: int = Field(5, ge=1, description="Failure messages sent at once per failure window.")
-    failure_window_s: float = Field(60.0, gt=0, description="Extra failures in a window go into one summary.")
+    failure_burst: int = Field(
+        default=5, ge=1, description="Failure messages sent at once per failure window."
+    )
+    failure_window_s: float = Field(
+        default=60.0, gt=0, description="Extra failures in a window go into one summary."
+    )
 
     def for_rule(self, rule: RuleName) -> float:
         return self.for_overrides.get(rule, self.for_s)
@@ -52,9 +64,9 @@ class SinkConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: SinkKind
-    name: str = Field("", description="Label in logs and metrics; defaults to the kind.")
+    name: str = Field(default="", description="Label in logs and metrics; defaults to the kind.")
     url: str | None = None
-    url_env: str | None = Field(None, description="Environment variable holding the URL.")
+    url_env: str | None = Field(default=None, description="Environment variable holding the URL.")
 
     @model_validator(mode="after")
     def _check(self) -> SinkConfig:
@@ -80,13 +92,15 @@ class AlertsConfig(BaseModel):
 
     enabled: bool = True
     sinks: list[SinkConfig] = Field(default_factory=list)
-    evaluation_interval_s: float = Field(5.0, gt=0)
-    slo_window_s: float = Field(300.0, gt=0, description="Rolling window of P99 and SLO attainment.")
-    timeout_s: float = Field(5.0, gt=0, description="Per delivery attempt.")
-    retries: int = Field(3, ge=0, le=10)
-    backoff_s: float = Field(1.0, gt=0, description="First retry delay; doubles each attempt.")
-    backoff_max_s: float = Field(30.0, gt=0)
-    queue_size: int = Field(1000, ge=1, description="Pending messages per sink; oldest dropped when full.")
+    evaluation_interval_s: float = Field(default=5.0, gt=0)
+    slo_window_s: float = Field(default=300.0, gt=0, description="Rolling window of P99 and SLO attainment.")
+    timeout_s: float = Field(default=5.0, gt=0, description="Per delivery attempt.")
+    retries: int = Field(default=3, ge=0, le=10)
+    backoff_s: float = Field(default=1.0, gt=0, description="First retry delay; doubles each attempt.")
+    backoff_max_s: float = Field(default=30.0, gt=0)
+    queue_size: int = Field(
+        default=1000, ge=1, description="Pending messages per sink; oldest dropped when full."
+    )
 
     @model_validator(mode="after")
     def _unique_names(self) -> AlertsConfig:
