@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
         if field.annotation is bool:
             f.add_argument(flag, action="store_true", help=field.description)
         else:
-            f.add_argument(flag, type=field.annotation, default=field.default, help=field.description)
+            kind = int if field.annotation is int else float
+            f.add_argument(flag, type=kind, default=field.default, help=field.description)
     return p
 
 

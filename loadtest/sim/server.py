@@ -177,7 +177,7 @@ class SimBackend:
     async def models(self, request: Request) -> Response:
         return json_response({"object": "list", "data": [self._model_card()]})
 
-    async def model(self, request: Request) -> Response:
+    async def one_model(self, request: Request) -> Response:
         if request.path_params["model"] != self.model:
             return error_response(404, f"The model `{request.path_params['model']}` does not exist.")
         return json_response(self._model_card())
@@ -308,7 +308,7 @@ def create_app(config: SimConfig | None = None) -> Starlette:
         Route("/v1/completions", sim.completions, methods=["POST"]),
         Route("/generate", sim.native_generate, methods=["POST"]),
         Route("/v1/models", sim.models, methods=["GET"]),
-        Route("/v1/models/{model:path}", sim.model, methods=["GET"]),
+        Route("/v1/models/{model:path}", sim.one_model, methods=["GET"]),
         Route("/health", sim.health, methods=["GET"]),
         Route("/health_generate", sim.health_generate, methods=["GET"]),
         Route("/get_server_info", sim.server_info, methods=["GET"]),

@@ -27,7 +27,11 @@ COSTS = CostModel(
 
 
 def make(**kw: object) -> Engine:
-    cfg = {"max_total_tokens": 10_000, "max_running_requests": 8, "chunked_prefill_size": 8192}
+    cfg: dict[str, object] = {
+        "max_total_tokens": 10_000,
+        "max_running_requests": 8,
+        "chunked_prefill_size": 8192,
+    }
     cfg.update(kw)
     return Engine(EngineConfig(**cfg), COSTS)  # type: ignore[arg-type]
 
