@@ -235,7 +235,7 @@ async def test_chaos_never_exceeds_budgets_and_returns_every_counter_to_zero() -
         rounds.setdefault((s.dispatcher.round_started, b.url), []).append(t.cost.prompt_tokens)
         commit(t, b)
 
-    s.dispatcher.commit = recording_commit  # type: ignore[method-assign]
+    s.dispatcher.commit = recording_commit  # type: ignore[method-assign,assignment]
     runner = asyncio.create_task(s.run())
     tasks: list[asyncio.Task[None]] = []
     for _ in range(300):
