@@ -19,12 +19,13 @@ class MediaError(ValueError):
 
 
 class Blob:
-    """Base64 text plus its declared MIME type, read lazily from either end."""
+    """Base64 text (from offset `start` of a larger string, which is never copied) read from either end."""
 
-    __slots__ = ("_clean", "_s", "mime")
+    __slots__ = ("_clean", "_s", "_start", "mime")
 
-    def __init__(self, b64: str, mime: str | None = None) -> None:
-        self._s = b64
+    def __init__(self, text: str, mime: str | None = None, start: int = 0) -> None:
+        self._s = text
+        self._start = start  # slicing a data URI's payload out would copy a megabyte per image
         self._clean = False
         self.mime = mime
 
@@ -32,10 +33,12 @@ class Blob:
         """Drop line breaks/spaces (MIME-style base64) once; only reached when a strict decode failed."""
         if self._clean:
             raise MediaError("not valid base64")
-        self._s = self._s.translate(_WHITESPACE)
+        self._s = self._s[self._start :].translate(_WHITESPACE)
+        self._start = 0
         self._clean = True
 
-    def _decode(self, chunk: str) -> bytes | None:
+    @staticmethod
+    def _decode(chunk: str) -> bytes | None:
         try:
             return binascii.a2b_base64(chunk, strict_mode=True)
         except binascii.Error:
@@ -45,9 +48,8 @@ class Blob:
         """At least the first `nbytes` decoded bytes (fewer only if the payload is shorter)."""
         nchars = (nbytes + 2) // 3 * 4
         while True:
-            chunk = self._s[:nchars]
-            cut = len(chunk) - len(chunk) % 4
-            out = self._decode(chunk[:cut])
+            chunk = self._s[self._start : self._start + nchars]
+            out = self._decode(chunk[: len(chunk) - len(chunk) % 4])
             if out is not None:
                 return out
             self._strip()
@@ -56,7 +58,10 @@ class Blob:
         """The last bytes of the payload (about `nbytes`, aligned to whole base64 quanta)."""
         nchars = (nbytes + 2) // 3 * 4
         while True:
-            chunk = self._s.rstrip()[-nchars:]
+            end = len(self._s)
+            while end > self._start and self._s[end - 1] in " \t\r\n":
+                end -= 1
+            chunk = self._s[max(self._start, end - nchars) : end]
             out = self._decode(chunk[len(chunk) % 4 :])
             if out is not None:
                 return out
@@ -64,12 +69,13 @@ class Blob:
 
     def size(self) -> int:
         """Decoded length in bytes, without decoding; raises MediaError if the length is impossible."""
-        if len(self._s) % 4:
+        n = len(self._s) - self._start
+        if n % 4:
             if not self._clean:
                 self._strip()
-            if len(self._s) % 4:
+                n = len(self._s)
+            if n % 4:
                 raise MediaError("base64 length is not a multiple of 4 (truncated or unpadded)")
-        n = len(self._s)
         if n == 0:
             raise MediaError("empty base64 payload")
         pad = (self._s[-1] == "=") + (self._s[-2] == "=")
@@ -94,7 +100,7 @@ def parse_source(url: str) -> Source:
         if not header.endswith(";base64"):
             raise MediaError("data URI is not base64-encoded")
         mime = header[: -len(";base64")].split(";", 1)[0] or None
-        return Source("inline", Blob(url[comma + 1 :], mime))
+        return Source("inline", Blob(url, mime, start=comma + 1))
     if url.startswith(("http://", "https://", "file:")):
         return Source("remote")
     if url.startswith(("/", "./")) and "." in url[:4096]:
