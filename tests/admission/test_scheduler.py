@@ -113,6 +113,19 @@ async def test_cancelled_waiter_leaves_the_queue_cleanly() -> None:
     _assert_idle(s)
 
 
+async def test_waiter_cancelled_after_dispatch_gives_its_lease_back() -> None:
+    s = _sched(policy(controller=FIXED_1))
+    first = await s.acquire(ticket())
+    waiting = await _spawn(s, ticket(tenant="late"))
+    first.release(Usage(100, 0), "ok")  # dispatches the waiter synchronously ...
+    assert s.backends[0].active == 1
+    waiting.cancel()  # ... but it is cancelled before it resumes and never sees its lease
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    _assert_idle(s)
+    assert s.counters.counter("late") == 0.0  # refunded: Usage(0, 0)
+
+
 async def test_displaced_waiter_gets_503_and_arrival_takes_its_place() -> None:
     pol = policy(controller=FIXED_1, queue={"classes": {"interactive": {"max_queue_depth": 1}}})
     s = _sched(pol)
