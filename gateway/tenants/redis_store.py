@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -74,7 +75,9 @@ class RedisStore(Store):
         self.clock = clock
         self.retry_interval = retry_interval
         self.lease_s = lease_s
+        self.socket_timeout = socket_timeout
         self.channel = prefix + "changes"
+        self.replica_id = uuid.uuid4().hex
         # A blocking pool: a burst of admissions waits for a free connection instead of failing.
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
@@ -118,7 +121,8 @@ class RedisStore(Store):
 
     async def _publish(self, kind: str, ident: str) -> None:
         self._invalidate(kind, ident)
-        await self._call(lambda: self.redis.publish(self.channel, orjson.dumps({kind: ident})))
+        message = orjson.dumps({"src": self.replica_id, kind: ident})
+        await self._call(lambda: self.redis.publish(self.channel, message))
 
     def _invalidate(self, kind: str, ident: str) -> None:
         self._generation += 1
@@ -135,7 +139,11 @@ class RedisStore(Store):
         self._keys.clear()
 
     async def start(self) -> None:
+        """Start the subscription and lease renewal; wait briefly for the subscription so that nothing is
+        cached before it (a Redis that is down at start only delays this by the socket timeout)."""
         self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._renew_leases())]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.subscribed.wait(), self.socket_timeout)
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -157,8 +165,10 @@ class RedisStore(Store):
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is not None and msg.get("type") == "message":
-                        for kind, ident in orjson.loads(msg["data"]).items():
-                            self._invalidate(kind, ident)
+                        change = orjson.loads(msg["data"])
+                        if change.pop("src", None) != self.replica_id:  # our own writes invalidated already
+                            for kind, ident in change.items():
+                                self._invalidate(kind, ident)
             except OUTAGE_ERRORS as e:
                 self.subscribed.clear()
                 log.warning("tenant change subscription lost (%s); retrying", type(e).__name__)

@@ -1,0 +1,49 @@
+"""One "replica" for the shared-quota test: hammer a tenant through its own TenantService on Redis.
+
+Run as `python -m tests.tenants.hammer <prefix> <key> <epoch> <scale> <end>`. The clock is scaled
+(`epoch + (time.time() - epoch) * scale`) so a quota minute passes in 60/scale real seconds; both
+processes share `epoch`, hence agree on `now`. Prints one JSON list of [reserved_at, charged_tokens].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import time
+
+import orjson
+
+from gateway.tenants.redis_store import RedisStore
+from gateway.tenants.service import QuotaExceeded, TenantService
+from tests.tenants.conftest import REDIS_URL
+
+REQUEST_TOKENS = 600
+
+
+async def hammer(prefix: str, key: str, epoch: float, scale: float, end: float) -> list[tuple[float, int]]:
+    def clock() -> float:
+        return epoch + (time.time() - epoch) * scale
+
+    service = TenantService(RedisStore(REDIS_URL, prefix, clock=clock), clock=clock)
+    await service.start()
+    tenant = await service.authenticate(f"Bearer {key}")
+    rng = random.Random()
+    charged: list[tuple[float, int]] = []
+    await asyncio.sleep(max(0.0, epoch - time.time()))
+    while (now := clock()) < end:
+        try:
+            res = await service.reserve(tenant, 400, 200, now)
+        except QuotaExceeded as e:
+            await asyncio.sleep(min(e.retry_after / scale, 0.05))
+            continue
+        actual_out = rng.randint(100, 300)  # usage differs from the estimate: reconcile returns or charges
+        await service.reconcile(res, 400, actual_out)
+        charged.append((now, 400 + actual_out))
+    await service.close()
+    return charged
+
+
+if __name__ == "__main__":
+    prefix, key, epoch, scale, end = sys.argv[1], sys.argv[2], *map(float, sys.argv[3:6])
+    sys.stdout.write(orjson.dumps(asyncio.run(hammer(prefix, key, epoch, scale, end))).decode())
