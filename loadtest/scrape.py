@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +29,9 @@ WATCHED = {
     "sglang:num_retracted_reqs": "retracted_now",
 }
 MAX_REDUCED = frozenset({"kv_usage"})
+# The engine's own queue-time histogram: queue P99 against a bare engine, where no gateway header exists.
+QUEUE_HISTOGRAM = "sglang:queue_time_seconds_bucket"
+QUEUE_PREFIX = "queue_le:"
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -40,6 +45,8 @@ def parse_prometheus(text: str) -> dict[str, float]:
         else:
             name, _, rest = line.partition(" ")
         key = WATCHED.get(name)
+        if name == QUEUE_HISTOGRAM and 'le="' in line:
+            key = QUEUE_PREFIX + line.split('le="', 1)[1].split('"', 1)[0]
         if key is None:
             continue
         try:
@@ -114,6 +121,17 @@ def summarize_samples(samples: list[Sample], time_scale: float = 1.0) -> dict[st
         if totals:
             retractions += max(totals) - totals[0]
         crashes += sum(prev.up and not cur.up for prev, cur in itertools.pairwise(seq))
+    # The engine observes queue time on its own clock (virtual seconds for the simulator): no scaling.
+    queue = histogram_delta(by_target.values())
+    p99 = histogram_quantile(queue, 0.99)
+    out["engine_queue_ms"] = (
+        None
+        if p99 is None
+        else {
+            "p50": (histogram_quantile(queue, 0.5) or 0.0) * 1000 * time_scale,
+            "p99": p99 * 1000 * time_scale,
+        }
+    )
     out["retractions"] = retractions
     out["crashes"] = crashes
     out["series"] = [
@@ -127,3 +145,36 @@ def summarize_samples(samples: list[Sample], time_scale: float = 1.0) -> dict[st
         for t, group in sorted(rounds.items())
     ]
     return out
+
+
+def histogram_delta(per_target: Iterable[list[Sample]]) -> dict[float, float]:
+    """Cumulative bucket counts gained during the window, summed over targets: {upper bound: count}."""
+    total: dict[float, float] = {}
+    for seq in per_target:
+        seen = [s.values for s in seq if any(k.startswith(QUEUE_PREFIX) for k in s.values)]
+        if not seen:
+            continue
+        first, last = seen[0], seen[-1]
+        for k, v in last.items():
+            if k.startswith(QUEUE_PREFIX):
+                bound = float(k[len(QUEUE_PREFIX) :])
+                total[bound] = total.get(bound, 0.0) + v - first.get(k, 0.0)
+    return total
+
+
+def histogram_quantile(buckets: dict[float, float], q: float) -> float | None:
+    """Prometheus' histogram_quantile: linear interpolation inside the bucket holding the rank."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    rank = q * buckets[bounds[-1]]
+    prev_bound, prev_count = 0.0, 0.0
+    for b in bounds:
+        count = buckets[b]
+        if count >= rank:
+            if math.isinf(b):
+                return prev_bound
+            width = count - prev_count
+            return prev_bound + (b - prev_bound) * ((rank - prev_count) / width if width > 0 else 1.0)
+        prev_bound, prev_count = b, count
+    return prev_bound

@@ -53,39 +53,41 @@ class ImageSpec(_Strict):
     resolutions: list[tuple[int, int]] = Field(default_factory=lambda: [(1024, 768)], min_length=1)
     count: tuple[int, int] = (1, 1)
     format: Literal["png", "jpeg"] = "png"
-    variants: int = Field(16, ge=1)
+    variants: int = Field(default=16, ge=1)
 
 
 class AudioSpec(_Strict):
     seconds: tuple[float, float] = (5.0, 20.0)
-    variants: int = Field(4, ge=1)
+    variants: int = Field(default=4, ge=1)
 
 
 class Share(_Strict):
     name: str
-    share: float = Field(1.0, ge=0)
+    share: float = Field(default=1.0, ge=0)
 
 
 class PriorityShare(_Strict):
     value: int
-    share: float = Field(1.0, ge=0)
+    share: float = Field(default=1.0, ge=0)
 
 
 class Arrivals(_Strict):
     shape: Literal["constant", "step", "sawtooth", "burst"] = "constant"
     process: Process = "poisson"
-    burstiness: float = Field(1.0, gt=0)
-    rate: float = Field(10.0, ge=0)
+    burstiness: float = Field(default=1.0, gt=0)
+    rate: float = Field(default=10.0, ge=0)
     rates: list[float] = Field(default_factory=list)
-    dwell: float = Field(30.0, gt=0)
-    low: float = Field(10.0, ge=0)
-    high: float = Field(80.0, ge=0)
-    period: float = Field(60.0, gt=0)
-    base: float = Field(5.0, ge=0)
-    peak: float = Field(50.0, ge=0)
-    every: float = Field(30.0, gt=0)
-    length: float = Field(3.0, gt=0)
-    concurrency: int | None = Field(None, ge=1, description="Closed loop: this many in flight, no schedule.")
+    dwell: float = Field(default=30.0, gt=0)
+    low: float = Field(default=10.0, ge=0)
+    high: float = Field(default=80.0, ge=0)
+    period: float = Field(default=60.0, gt=0)
+    base: float = Field(default=5.0, ge=0)
+    peak: float = Field(default=50.0, ge=0)
+    every: float = Field(default=30.0, gt=0)
+    length: float = Field(default=3.0, gt=0)
+    concurrency: int | None = Field(
+        default=None, ge=1, description="Closed loop: this many in flight, no schedule."
+    )
 
     def build(self, duration: float) -> Shape:
         if self.shape == "constant":
@@ -98,9 +100,9 @@ class Arrivals(_Strict):
 
 
 class Warmup(_Strict):
-    duration: float = Field(5.0, ge=0)
-    rate: float = Field(2.0, gt=0)
-    count: int | None = Field(None, ge=0)
+    duration: float = Field(default=5.0, ge=0)
+    rate: float = Field(default=2.0, gt=0)
+    count: int | None = Field(default=None, ge=0)
 
 
 class Slo(_Strict):
@@ -113,7 +115,9 @@ class Workload(_Strict):
     name: str = "custom"
     model: str = "default"
     seed: int = 0
-    mix: dict[str, float] = Field(default_factory=lambda: {"text": 5, "single_image": 3, "multi_image": 2})
+    mix: dict[str, float] = Field(
+        default_factory=lambda: {"text": 5.0, "single_image": 3.0, "multi_image": 2.0}
+    )
     prompt_tokens: Dist = Field(default_factory=lambda: Dist(dist="lognormal", median=256, sigma=0.6))
     long_doc_tokens: Dist = Field(default_factory=lambda: Dist(dist="uniform", min=6000, max=12000))
     output_tokens: Dist = Field(default_factory=lambda: Dist(dist="lognormal", median=200, sigma=0.5))
@@ -123,23 +127,23 @@ class Workload(_Strict):
             "multi_image": ImageSpec(resolutions=[(1024, 768), (800, 600)], count=(2, 4), format="jpeg"),
         }
     )
-    audio: AudioSpec = Field(default_factory=AudioSpec)
-    api_key: str | None = Field(None, description="Bearer key sent when no tenants are listed.")
+    audio: AudioSpec = AudioSpec()
+    api_key: str | None = Field(default=None, description="Bearer key sent when no tenants are listed.")
     tenants: list[Share] = Field(default_factory=list, description="Tenants by API key, with traffic shares.")
     priorities: list[PriorityShare] = Field(default_factory=list)
     classes: list[Share] = Field(default_factory=list)
     extra_body: dict[str, Any] = Field(default_factory=dict)
-    arrivals: Arrivals = Field(default_factory=Arrivals)
-    duration: float = Field(60.0, gt=0)
-    count: int | None = Field(None, ge=1)
-    warmup: Warmup = Field(default_factory=Warmup)
-    slo: Slo = Field(default_factory=Slo)
+    arrivals: Arrivals = Arrivals()
+    duration: float = Field(default=60.0, gt=0)
+    count: int | None = Field(default=None, ge=1)
+    warmup: Warmup = Warmup()
+    slo: Slo = Slo()
     time_scale: float = Field(
-        1.0, gt=0, description="Simulator speed-up: schedule compressed, times expanded."
+        default=1.0, gt=0, description="Simulator speed-up: schedule compressed, times expanded."
     )
     trace: str | None = None
-    trace_speed: float = Field(1.0, gt=0)
-    timeout: float = Field(600.0, gt=0)
+    trace_speed: float = Field(default=1.0, gt=0)
+    timeout: float = Field(default=600.0, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> Workload:
