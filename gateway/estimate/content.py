@@ -164,6 +164,8 @@ class ContentPricer:
 
     def _audio(self, part: dict[str, Any], kind: str, where: str, cost: Cost) -> None:
         cost.audios += 1
+        if self.profile.audio == "none":
+            raise _bad(where, "this model does not accept audio input", "unsupported_media")
         self._limit(cost.audios, self.policy.max_audios_per_request, "audios", where)
         obj = _obj(part.get(kind), f"{where}.{kind}")
         key = "data" if kind == "input_audio" else "url"
@@ -172,6 +174,5 @@ class ContentPricer:
             tokens, remote = price_audio(value, self.profile, self.policy)
         except (MediaError, HeaderError) as e:
             raise _bad(where, f"invalid audio: {e}", "invalid_audio") from None
-        marker = self.profile.marker_tokens if self.profile.audio != "none" else 0
-        cost.audio_tokens += tokens + marker
+        cost.audio_tokens += tokens + self.profile.marker_tokens
         cost.remote_media += remote

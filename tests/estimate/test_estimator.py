@@ -111,6 +111,12 @@ def test_estimated_text_gets_the_benefit_of_the_doubt() -> None:
     assert err.message == "The input (1253 tokens) is longer than the model's context length (1000 tokens)."
 
 
+def test_audio_to_a_model_without_an_audio_encoder() -> None:
+    audio = {"type": "input_audio", "input_audio": {"data": b64(wav_bytes(0.1)), "format": "wav"}}
+    err = rejected(make(), chat({"type": "text", "text": "hi"}, audio, model="llava-1.5-7b"))
+    assert (err.code, err.param) == ("unsupported_media", "messages[0].content[1]")
+
+
 def test_too_many_media_items() -> None:
     est = make(max_images_per_request=2, max_audios_per_request=0)
     img = image_part("https://example.invalid/a.jpg")
