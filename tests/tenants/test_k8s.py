@@ -20,5 +20,5 @@ def test_manifests_parse_and_ship_a_valid_redis_config() -> None:
     assert (config.store.kind, config.store.redis_url) == ("redis", "redis://omnigate-redis:6379/0")
     assert config.policy_path == "/etc/omnigate/policies/default.yaml"
     assert load_policy_text(data["default.yaml"]).tenant_defaults.max_priority == 5
-    deployment = yaml.safe_load((K8S / "gateway.yaml").read_text())
+    deployment = next(yaml.safe_load_all((K8S / "gateway.yaml").read_text()))
     assert deployment["spec"]["replicas"] == 3
