@@ -113,6 +113,10 @@ async def send(
         await asyncio.wait_for(_consume(pool, req, rec, t_sent), deadline_s)
     except TimeoutError:
         rec.error = "timeout"
+    except asyncio.CancelledError:
+        rec.error = "unfinished"  # still streaming when the run's drain window closed
+        rec.e2e = time.perf_counter() - t_sent
+        raise
     except (HttpError, orjson.JSONDecodeError) as e:
         rec.error = "transport" if isinstance(e, HttpError) else "bad_stream"
     if rec.error is not None and rec.e2e is None:

@@ -109,7 +109,8 @@ class Worker:
     def _launch(self, req: PreparedRequest, phase: str, scheduled: float) -> asyncio.Task[RequestRecord]:
         rec = RequestRecord(phase=phase, worker=self.worker, scheduled=scheduled)
         self.records.append(rec)
-        task = asyncio.create_task(send(self.pool, req, rec, self.start, self.opts.workload.timeout))
+        w = self.opts.workload
+        task = asyncio.create_task(send(self.pool, req, rec, self.start, w.timeout / w.time_scale))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -139,6 +140,7 @@ class Worker:
 
     async def run(self, plans: list[Plan]) -> list[RequestRecord]:
         origin = self.start
+        scale = self.opts.workload.time_scale
         for plan in plans:
             if plan.concurrency:
                 await self.closed_loop(plan, origin)
@@ -148,8 +150,14 @@ class Worker:
                 if plan.count is None:
                     await asyncio.sleep(max(0.0, origin + plan.duration - time.perf_counter()))
             origin = time.perf_counter()
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks))
+        drain = self.opts.workload.drain
+        if self._tasks:
+            _, pending = await asyncio.wait(
+                set(self._tasks), timeout=None if drain is None else drain / scale
+            )
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         await self.pool.aclose()
         return self.records
 

@@ -144,6 +144,11 @@ class Workload(_Strict):
     trace: str | None = None
     trace_speed: float = Field(default=1.0, gt=0)
     timeout: float = Field(default=600.0, gt=0)
+    drain: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds to wait for requests in flight after the last send; the rest are unfinished.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Workload:
