@@ -25,11 +25,15 @@ class VirtualTokenCounters:
     def counter(self, tenant: str) -> float:
         return self._counters.get(tenant, 0.0)
 
-    def on_backlogged(self, tenant: str, backlogged: Iterable[str]) -> None:
-        """Lift `tenant` (just became backlogged) to the lowest counter among the other backlogged ones."""
+    def lifted(self, tenant: str, backlogged: Iterable[str]) -> float:
+        """The counter `tenant` gets when it becomes backlogged: at least the lowest of the others."""
         others = [self._counters.get(t, 0.0) for t in backlogged if t != tenant]
         floor = min(others) if others else self._last_served
-        self._counters[tenant] = max(self._counters.get(tenant, 0.0), floor)
+        return max(self._counters.get(tenant, 0.0), floor)
+
+    def on_backlogged(self, tenant: str, backlogged: Iterable[str]) -> None:
+        """Lift `tenant` (just became backlogged) to the lowest counter among the other backlogged ones."""
+        self._counters[tenant] = self.lifted(tenant, backlogged)
 
     def charge(self, tenant: str, amount: float) -> None:
         """Charge at dispatch (the estimate) or at the end (actual minus estimate, may be negative)."""

@@ -2,13 +2,16 @@
 
 `SLOQueue.ordered()` yields waiting entries in the order the dispatcher should try them: bands from the
 most urgent (largest priority) down; inside a band, tenants by their virtual counter (lowest first, ties
-by name); inside a tenant, earliest deadline first (ties by arrival order). The queue only holds and
-orders; admission checks live in shedding.py, budgets in dispatch.py.
+by name); inside a tenant, earliest deadline first (ties by arrival order). `projected()` replays that
+order dispatch by dispatch (VTC re-sorts tenants after every charge) to tell how many prefill tokens go
+before each entry. The queue only holds and orders; admission checks live in shedding.py, budgets in
+dispatch.py.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -26,6 +29,7 @@ class Entry:
     deadline: float
     weight: float
     enqueued_at: float
+    charge: float = 0.0  # VTC charge of the estimate, made at dispatch
     seq: int = 0
     exclude: frozenset[str] = frozenset()
     queued: bool = field(default=False, repr=False)
@@ -102,7 +106,7 @@ class SLOQueue:
             if not tenants:
                 del self._bands[entry.band]
         self._band_tokens[entry.band] -= entry.prompt_tokens
-        if not self._band_tokens[entry.band]:
+        if entry.band not in self._bands:  # not "tokens == 0": zero-token entries may still be queued
             del self._band_tokens[entry.band]
         _decrement(self._tenant_depth, entry.tenant)
         _decrement(self._class_depth, entry.ticket.traffic_class)
@@ -129,18 +133,42 @@ class SLOQueue:
         return sum(self._band_tokens.values())
 
     def prefill_ahead(self, entry: Entry) -> int:
-        """Prefill tokens certain to go before `entry`: higher bands, and its own tenant's earlier deadlines.
+        """Prefill tokens dispatched before `entry` (queued or a candidate) if nothing else arrives."""
+        return next(ahead for e, ahead in self.projected(entry) if e is entry)
 
-        Other tenants of the same band interleave by VTC, so their order is not known in advance; they
-        are left out, which keeps the prediction optimistic (never rejects what could still make it).
+    def projected(self, candidate: Entry | None = None) -> Iterator[tuple[Entry, int]]:
+        """Waiting entries (plus an unqueued `candidate`) in dispatch order, each with the prefill tokens
+        dispatched before it.
+
+        Bands go strictly from the top; inside a band VTC is replayed on a copy of the counters (each
+        dispatch charges the entry's estimate and re-sorts the tenants), so another tenant's request counts
+        as ahead exactly when VTC would serve it first — lower bands never count, and neither does the part
+        of a heavy tenant's backlog that VTC serves after this request. A candidate whose tenant has
+        nothing queued starts from the counter it will be lifted to. Budgets and future arrivals are not
+        modelled: this is the queue's share of the wait, not a bound on it.
         """
-        ahead = sum(tokens for band, tokens in self._band_tokens.items() if band > entry.band)
-        own = self._bands.get(entry.band, {}).get(entry.tenant, [])
-        for other in own:
-            if other is entry or other.order_key > entry.order_key:
-                break
-            ahead += other.prompt_tokens
-        return ahead
+        counters = {t: self.counters.counter(t) for t in self._tenant_depth}
+        bands = {band: dict(tenants) for band, tenants in self._bands.items()}
+        if candidate is not None and not candidate.queued:
+            if candidate.tenant not in counters:
+                counters[candidate.tenant] = self.counters.lifted(candidate.tenant, self._tenant_depth)
+            tenants = bands.setdefault(candidate.band, {})
+            own = list(tenants.get(candidate.tenant, []))
+            bisect.insort(own, candidate, key=lambda e: e.order_key)
+            tenants[candidate.tenant] = own
+        ahead = 0
+        for band in sorted(bands, reverse=True):
+            tenants = bands[band]
+            heap = [(counters[t], t, 0) for t in tenants]
+            heapq.heapify(heap)
+            while heap:
+                _, tenant, i = heapq.heappop(heap)
+                entry = tenants[tenant][i]
+                yield entry, ahead
+                ahead += entry.prompt_tokens
+                counters[tenant] += entry.charge
+                if i + 1 < len(tenants[tenant]):
+                    heapq.heappush(heap, (counters[tenant], tenant, i + 1))
 
     def newest_of_lowest_band(self, traffic_class: str, below: int) -> Entry | None:
         """The displacement victim: in the lowest band under `below`, the most recently queued entry."""

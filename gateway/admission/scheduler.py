@@ -89,7 +89,7 @@ class PoolScheduler:
         policy = policy_getter()
         self.counters = VirtualTokenCounters()
         self.queue = SLOQueue(self.counters)
-        self.rate = PrefillRate(policy.queue.initial_prefill_tokens_per_s)
+        self.rate = PrefillRate(policy.queue)
         self.guard = QueueGuard(self.queue, self.rate, pool)
         self.dispatcher = Dispatcher()
         self.window = BatchWindow()
@@ -129,7 +129,12 @@ class PoolScheduler:
             )
         now = self.clock()
         weight = self._weight(policy, ticket.tenant)
-        entry = Entry(ticket, slo, effective_deadline(ticket, slo), weight, now, exclude=excluded)
+        fair = policy.fairness
+        cost = ticket.cost
+        charge = token_charge(
+            cost.prompt_tokens, cost.expected_output_tokens, weight, fair.input_weight, fair.output_weight
+        )
+        entry = Entry(ticket, slo, effective_deadline(ticket, slo), weight, now, charge, exclude=excluded)
         victim = self.guard.admit(entry, now, self._available())
         waiter = self._waiters[entry] = _Waiter(anyio.Event())
         if victim is not None:
@@ -146,14 +151,16 @@ class PoolScheduler:
         return waiter.lease
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
-        """Feed the pool's per-backend prefill rate (tokens/s EWMA) from an observed prefill."""
-        self.rate.observe(tokens, seconds, self.policy_getter().queue.prefill_rate_alpha)
+        """Feed one observed prefill (prompt tokens, seconds to first token) to the pool's rate estimate."""
+        self.rate.configure(self.policy_getter().queue)
+        self.rate.observe(tokens, seconds)
 
     def pump(self) -> None:
         """Shed what must go, then dispatch everything the window, rounds and budgets allow right now."""
         policy = self.policy_getter()
         now = self.clock()
         self._sync_limits(policy)
+        self.rate.configure(policy.queue)
         if self.queue and now >= self._next_sweep:
             for entry, err in self.guard.sweep(now, self._available()):
                 self._fail(entry, err)
@@ -175,7 +182,7 @@ class PoolScheduler:
                 ends = self.dispatcher.round_ends(budgets)
                 wake = math.inf if ends is None else ends
                 break
-            self._dispatch(*placed, policy, now)
+            self._dispatch(*placed, now)
         if not self.queue:
             self.window.length_s = 0.0
         else:
@@ -258,23 +265,15 @@ class PoolScheduler:
                 self.limits[b.url] = current = make_limit(policy.controller, start)
             b.concurrency_limit = current.limit
 
-    def _dispatch(self, entry: Entry, backend: BackendState, policy: Policy, now: float) -> None:
+    def _dispatch(self, entry: Entry, backend: BackendState, now: float) -> None:
         self.queue.remove(entry)
         ticket = entry.ticket
         self.dispatcher.commit(ticket, backend)
-        fair = policy.fairness
-        charged = token_charge(
-            ticket.cost.prompt_tokens,
-            ticket.cost.expected_output_tokens,
-            entry.weight,
-            fair.input_weight,
-            fair.output_weight,
-        )
         self.counters.served(ticket.tenant)
-        self.counters.charge(ticket.tenant, charged)
+        self.counters.charge(ticket.tenant, entry.charge)
         ticket.backend = backend.url
         ticket.dispatched_at = now
-        lease = Lease(self, entry, backend, charged)
+        lease = Lease(self, entry, backend, entry.charge)
         self._leases.add(lease)
         waiter = self._waiters.pop(entry)
         waiter.lease = lease

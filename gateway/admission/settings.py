@@ -19,11 +19,11 @@ class SLOClass(_Strict):
     """Service objectives of one traffic class (interactive, offline, ...)."""
 
     pool: str | None = None
-    ttft_p99_s: float | None = Field(2.0, gt=0)
-    tpot_p99_s: float | None = Field(0.06, gt=0)
-    completion_deadline_s: float | None = Field(None, gt=0)
-    max_queue_depth: int = Field(1024, ge=1)
-    max_wait_s: float = Field(30.0, gt=0)
+    ttft_p99_s: float | None = Field(default=2.0, gt=0)
+    tpot_p99_s: float | None = Field(default=0.06, gt=0)
+    completion_deadline_s: float | None = Field(default=None, gt=0)
+    max_queue_depth: int = Field(default=1024, ge=1)
+    max_wait_s: float = Field(default=30.0, gt=0)
     shed_by_deadline: bool = True
 
     @property
@@ -54,18 +54,35 @@ class QueuePolicy(_Strict):
     )
     priorities: PriorityPolicy = Field(default_factory=PriorityPolicy)
     initial_prefill_tokens_per_s: float = Field(
-        10000.0, gt=0, description="Per-backend prefill rate assumed until measurements arrive."
+        default=10000.0, gt=0, description="Per-backend prefill rate assumed until measurements arrive."
     )
-    prefill_rate_alpha: float = Field(0.2, gt=0, le=1, description="EWMA weight of a new prefill sample.")
-    recheck_interval_s: float = Field(0.1, gt=0, description="How often waiting requests are re-checked.")
+    prefill_rate_window: int = Field(
+        default=64, ge=1, description="Recent prefill-rate samples kept per pool."
+    )
+    prefill_rate_quantile: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Upper quantile of the recent per-request rates taken as the rate.",
+    )
+    prefill_rate_min_samples: int = Field(
+        default=4,
+        ge=1,
+        description="Samples needed before measurements replace initial_prefill_tokens_per_s.",
+    )
+    recheck_interval_s: float = Field(
+        default=0.1, gt=0, description="How often waiting requests are re-checked."
+    )
 
 
 class PoolBudgets(_Strict):
     """The per-backend budgets of one pool: prefill per round, KV watermark, modality bucket caps."""
 
-    prefill_tokens_per_round: int = Field(8192, gt=0)
-    round_s: float = Field(0.1, gt=0, description="Length of one dispatch round (prefill budget period).")
-    kv_watermark: float = Field(0.85, gt=0, le=1)
+    prefill_tokens_per_round: int = Field(default=8192, gt=0)
+    round_s: float = Field(
+        default=0.1, gt=0, description="Length of one dispatch round (prefill budget period)."
+    )
+    kv_watermark: float = Field(default=0.85, gt=0, le=1)
     bucket_caps: dict[str, int] = Field(
         default_factory=lambda: {"multi_image": 16, "single_image": 64, "long_doc": 8}
     )
@@ -81,19 +98,19 @@ class BudgetPolicy(PoolBudgets):
 class AccumulatePolicy(_Strict):
     """Offline pools: hold work until this many prefill tokens are queued or the oldest waited this long."""
 
-    tokens: int = Field(32768, gt=0)
-    max_wait_s: float = Field(2.0, ge=0)
+    tokens: int = Field(default=32768, gt=0)
+    max_wait_s: float = Field(default=2.0, ge=0)
 
 
 class WindowPolicy(_Strict):
     enabled: bool = True
-    max_window_s: float = Field(0.05, ge=0)
-    light_load_queue_depth: int = Field(1, ge=0)
+    max_window_s: float = Field(default=0.05, ge=0)
+    light_load_queue_depth: int = Field(default=1, ge=0)
     full_window_depth: int = Field(
-        16, ge=1, description="Queue depth above light load at which the window is max."
+        default=16, ge=1, description="Queue depth above light load at which the window is max."
     )
     slack_fraction: float = Field(
-        0.5, ge=0, le=1, description="Share of the oldest request's slack a window may use."
+        default=0.5, ge=0, le=1, description="Share of the oldest request's slack a window may use."
     )
     accumulate: dict[str, AccumulatePolicy] = Field(
         default_factory=lambda: {"offline": AccumulatePolicy()}, description="Pool name → accumulate mode."
@@ -102,16 +119,24 @@ class WindowPolicy(_Strict):
 
 class ControllerPolicy(_Strict):
     algorithm: Literal["fixed", "aimd", "gradient"] = "gradient"
-    initial: int = Field(32, ge=1)
-    min: int = Field(4, ge=1)
-    max: int = Field(64, ge=1)
-    smoothing: float = Field(0.2, gt=0, le=1, description="Weight of a new gradient proposal.")
-    tolerance: float = Field(1.5, ge=1, description="Gradient: latency may grow this much over its baseline.")
-    setpoint: float = Field(0.7, gt=0, le=1, description="Gradient: aim at this share of the SLO target.")
-    long_alpha: float = Field(0.05, gt=0, le=1, description="Gradient: EWMA weight of the long baseline.")
-    backoff: float = Field(0.9, gt=0, lt=1, description="AIMD: multiplicative decrease on a drop/SLO miss.")
-    increase: float = Field(1.0, gt=0, description="AIMD: additive increase per good sample.")
-    cooldown_s: float = Field(1.0, ge=0, description="No second decrease within this many seconds.")
+    initial: int = Field(default=32, ge=1)
+    min: int = Field(default=4, ge=1)
+    max: int = Field(default=64, ge=1)
+    smoothing: float = Field(default=0.2, gt=0, le=1, description="Weight of a new gradient proposal.")
+    tolerance: float = Field(
+        default=1.5, ge=1, description="Gradient: latency may grow this much over its baseline."
+    )
+    setpoint: float = Field(
+        default=0.7, gt=0, le=1, description="Gradient: aim at this share of the SLO target."
+    )
+    long_alpha: float = Field(
+        default=0.05, gt=0, le=1, description="Gradient: EWMA weight of the long baseline."
+    )
+    backoff: float = Field(
+        default=0.9, gt=0, lt=1, description="AIMD: multiplicative decrease on a drop/SLO miss."
+    )
+    increase: float = Field(default=1.0, gt=0, description="AIMD: additive increase per good sample.")
+    cooldown_s: float = Field(default=1.0, ge=0, description="No second decrease within this many seconds.")
 
     @model_validator(mode="after")
     def _ordered(self) -> ControllerPolicy:
@@ -121,8 +146,8 @@ class ControllerPolicy(_Strict):
 
 
 class FairnessPolicy(_Strict):
-    input_weight: float = Field(1.0, ge=0)
-    output_weight: float = Field(2.0, ge=0)
+    input_weight: float = Field(default=1.0, ge=0)
+    output_weight: float = Field(default=2.0, ge=0)
     weights: dict[str, float] = Field(
         default_factory=dict, description="Tenant → VTC weight overriding the tenant store's weight."
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.admission.fairness import token_charge
 from gateway.admission.queue import Entry, effective_deadline
 from gateway.backends.state import BackendState
 from gateway.policy import Policy
@@ -56,8 +57,14 @@ def policy(**sections: Any) -> Policy:
 
 
 def entry(t: Ticket, pol: Policy | None = None, *, weight: float = 1.0, now: float | None = None) -> Entry:
-    slo = (pol or Policy()).queue.classes[t.traffic_class]
-    return Entry(t, slo, effective_deadline(t, slo), weight, t.arrival if now is None else now)
+    """An Entry as PoolScheduler.acquire builds it (VTC charge from the policy's fairness weights)."""
+    pol = pol or Policy()
+    slo = pol.queue.classes[t.traffic_class]
+    fair = pol.fairness
+    charge = token_charge(
+        t.cost.prompt_tokens, t.cost.expected_output_tokens, weight, fair.input_weight, fair.output_weight
+    )
+    return Entry(t, slo, effective_deadline(t, slo), weight, t.arrival if now is None else now, charge)
 
 
 def backends(n: int = 1, pool: str = "interactive", **fields: Any) -> list[BackendState]:

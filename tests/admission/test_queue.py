@@ -43,15 +43,45 @@ def test_class_deadline_is_arrival_plus_ttft_unless_client_is_tighter() -> None:
     assert entry(ticket(arrival=1000.0, cls="offline")).deadline == 4600.0  # completion deadline 3600 s
 
 
-def test_prefill_ahead_counts_higher_bands_and_own_earlier_deadlines() -> None:
+def test_prefill_ahead_counts_higher_bands_own_earlier_deadlines_and_vtc_earlier_tenants() -> None:
     q = _queue()
     q.push(entry(ticket(priority=10, prompt=1000, tenant="x")))
     q.push(entry(ticket(priority=5, prompt=300, tenant="a", deadline=1001.0)))
-    q.push(entry(ticket(priority=5, prompt=700, tenant="b", deadline=1000.5)))  # other tenant: unknown order
-    q.push(entry(ticket(priority=0, prompt=5000, tenant="a")))
+    q.push(entry(ticket(priority=5, prompt=700, tenant="b", deadline=1000.5)))
+    q.push(entry(ticket(priority=0, prompt=5000, tenant="a")))  # lower band: never ahead
     mine = entry(ticket(priority=5, prompt=50, tenant="a", deadline=1001.5))
     q.push(mine)
-    assert q.prefill_ahead(mine) == 1000 + 300
+    # band 10: x. Band 5 by VTC (charge = prompt): a·300 (tie a < b), b·700 (0 < 300), then mine (300 < 700)
+    assert q.prefill_ahead(mine) == 1000 + 300 + 700
+
+
+def test_prediction_counts_only_the_vtc_share_of_a_heavy_tenant_backlog() -> None:
+    q = _queue()
+    q.counters.charge("heavy", 150.0)
+    heavy = [entry(ticket(tenant="heavy", prompt=100)) for _ in range(4)]
+    for e in heavy:
+        q.push(e)
+    for _ in range(5):
+        q.push(entry(ticket(tenant="flood", priority=0, prompt=10_000)))  # lower band: never ahead
+    light = entry(ticket(tenant="light", prompt=100))
+    # light is lifted to 150: heavy's first (150 → 250) goes first on the name tie, then light (150 < 250)
+    assert q.prefill_ahead(light) == 100
+    q.push(light)
+    assert [(e.tenant, ahead) for e, ahead in q.projected()][:3] == [
+        ("heavy", 0),
+        ("light", 100),
+        ("heavy", 200),
+    ]
+    assert q.prefill_ahead(heavy[3]) == 400
+
+
+def test_zero_token_entries_do_not_break_band_accounting() -> None:
+    q = _queue()
+    empty, full = entry(ticket(prompt=0)), entry(ticket(prompt=100))
+    q.push(empty)
+    q.push(full)
+    assert q.remove(full) and q.remove(empty)
+    assert (len(q), q.prefill_tokens(), q.depth_by_band()) == (0, 0, {})
 
 
 def test_vtc_lifts_a_returning_tenant_to_the_backlogged_minimum() -> None:

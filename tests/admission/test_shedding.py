@@ -6,6 +6,7 @@ import pytest
 
 from gateway.admission.fairness import VirtualTokenCounters
 from gateway.admission.queue import SLOQueue
+from gateway.admission.settings import QueuePolicy
 from gateway.admission.shedding import PrefillRate, QueueGuard
 from gateway.errors import ApiError
 from tests.admission.helpers import entry, policy, ticket
@@ -16,7 +17,8 @@ NO_SHED = policy(queue={"classes": {"interactive": {"shed_by_deadline": False}}}
 
 
 def _guard(initial_rate: float = 1000.0) -> QueueGuard:
-    return QueueGuard(SLOQueue(VirtualTokenCounters()), PrefillRate(initial_rate), "interactive")
+    rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=initial_rate))
+    return QueueGuard(SLOQueue(VirtualTokenCounters()), rate, "interactive")
 
 
 def test_prediction_is_tokens_ahead_over_pool_rate_plus_own_prefill() -> None:
@@ -91,10 +93,37 @@ def test_offline_is_never_shed_by_deadline_only_by_max_wait() -> None:
     assert g.rejections == {("queue_timeout", "offline"): 2}
 
 
-def test_prefill_rate_is_an_ewma_of_observations() -> None:
-    rate = PrefillRate(10000.0)
-    rate.observe(5000, 1.0, alpha=0.2)
-    assert rate.tokens_per_s == pytest.approx(9000.0)
-    rate.observe(0, 1.0, alpha=0.2)  # nothing prefilled: no information
-    rate.observe(100, 0.0, alpha=0.2)
-    assert rate.tokens_per_s == pytest.approx(9000.0)
+def test_prefill_rate_is_an_upper_quantile_of_recent_samples() -> None:
+    rate = PrefillRate(
+        QueuePolicy(
+            initial_prefill_tokens_per_s=10000.0,
+            prefill_rate_window=5,
+            prefill_rate_quantile=0.8,
+            prefill_rate_min_samples=3,
+        )
+    )
+    rate.observe(1000, 1.0)
+    rate.observe(1000, 0.5)
+    assert rate.tokens_per_s == 10000.0  # two samples: the prior still holds
+    rate.observe(1000, 2.0)
+    assert rate.tokens_per_s == 2000.0  # [500, 1000, 2000]: rank ceil(0.8 · 3) = 3
+    rate.observe(0, 1.0)  # nothing prefilled / no time: no information
+    rate.observe(100, 0.0)
+    rate.observe(1000, 0.25)
+    rate.observe(1000, 4.0)
+    assert rate.tokens_per_s == 2000.0  # [250, 500, 1000, 2000, 4000]: rank 4
+    rate.observe(100, 1.0)
+    rate.observe(100, 1.0)  # the window of 5 drops 1000 and 2000
+    assert rate.tokens_per_s == 500.0  # [100, 100, 250, 500, 4000]
+    rate.configure(QueuePolicy(prefill_rate_window=2, prefill_rate_min_samples=1))  # reload keeps the newest
+    assert rate.tokens_per_s == 100.0
+
+
+def test_sweep_uses_one_projection_and_discounts_what_it_shed() -> None:
+    g = _guard()
+    doomed = entry(ticket(priority=10, prompt=750, deadline=1000.5), TIGHT)  # 0.75 s of prefill alone
+    g.queue.push(doomed)
+    after = entry(ticket(priority=5, prompt=250), TIGHT)  # behind doomed: 1 s; without it 0.25 s
+    g.queue.push(after)
+    shed = g.sweep(now=1000.0, backends=1)
+    assert [e for e, _ in shed] == [doomed] and after.queued
