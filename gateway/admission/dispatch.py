@@ -39,8 +39,9 @@ class Dispatcher:
     def __init__(self) -> None:
         self.round_started: float | None = None
         self.round_grouped = False
+        self.round_bar = -math.inf  # highest band the round opened for or released
         self.round_prefill: dict[str, int] = {}
-        self.round_dispatched = 0
+        self.round_dispatched: dict[int, int] = {}  # band → dispatches this round
 
     def round_open(self, now: float, budgets: PoolBudgets) -> bool:
         return self.round_started is not None and now < self.round_started + budgets.round_s
@@ -48,19 +49,31 @@ class Dispatcher:
     def round_ends(self, budgets: PoolBudgets) -> float | None:
         return None if self.round_started is None else self.round_started + budgets.round_s
 
-    def recent_dispatches(self, now: float, budgets: PoolBudgets) -> int:
-        """Dispatches of the round that just ended (0 after an idle gap): the arrival pressure."""
+    def recent_dispatches(self, now: float, budgets: PoolBudgets, min_band: float = -math.inf) -> int:
+        """Dispatches at bands ≥ `min_band` of the round that just ended (0 after an idle gap): the
+        arrival pressure of that priority and above."""
         if self.round_started is None or now >= self.round_started + 2 * budgets.round_s:
             return 0
-        return self.round_dispatched
+        return sum(n for band, n in self.round_dispatched.items() if band >= min_band)
 
-    def open_round(self, now: float, *, grouped: bool = False) -> None:
-        """Start a round. A grouped round (under load) only releases what was waiting when it opened;
-        later arrivals wait for the next round, so each round is one bounded group of prefills."""
+    def open_round(self, now: float, *, grouped: bool = False, top_band: float = -math.inf) -> None:
+        """Start a round. A grouped round (under load) only releases what was waiting when it opened,
+        so each round is one bounded group of prefills — except that a later arrival of a band strictly
+        above everything the round opened for (`top_band`, the top waiting band) or released joins at
+        once: priority never waits behind a lower band's grouping. It raises the bar, so a second arrival
+        of that band waits for the next round like any other."""
         self.round_started = now
         self.round_grouped = grouped
+        self.round_bar = top_band
         self.round_prefill = {}
-        self.round_dispatched = 0
+        self.round_dispatched = {}
+
+    def joins_round(self, entry: Entry) -> bool:
+        """May `entry` go in the current round? Always, unless the round is grouped and it came late."""
+        started = self.round_started
+        if not self.round_grouped or started is None or entry.enqueued_at <= started:
+            return True
+        return entry.band > self.round_bar
 
     def shared_budgets_fit(
         self, ticket: Ticket, backend: BackendState, budgets: PoolBudgets, limit: int
@@ -84,9 +97,8 @@ class Dispatcher:
     ) -> tuple[Entry, BackendState] | None:
         """The first entry in `order` that fits somewhere, and where; None when nothing may go now."""
         usable = [b for b in backends if b.available]
-        cutoff = self.round_started if self.round_grouped and self.round_started is not None else math.inf
         for entry in order:
-            if entry.enqueued_at > cutoff:
+            if not self.joins_round(entry):
                 continue
             ticket = entry.ticket
             cap = budgets.bucket_caps.get(ticket.bucket)
@@ -111,7 +123,9 @@ class Dispatcher:
         backend.reserved_kv_tokens += cost.kv_tokens
         backend.bucket_active[ticket.bucket] = backend.bucket_active.get(ticket.bucket, 0) + 1
         self.round_prefill[backend.url] = self.round_prefill.get(backend.url, 0) + cost.prompt_tokens
-        self.round_dispatched += 1
+        band = ticket.priority
+        self.round_dispatched[band] = self.round_dispatched.get(band, 0) + 1
+        self.round_bar = max(self.round_bar, band)
 
 
 def release(ticket: Ticket, backend: BackendState) -> None:

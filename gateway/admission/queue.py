@@ -183,8 +183,16 @@ class SLOQueue:
                 return max(victims, key=lambda e: e.seq)
         return None
 
-    def oldest(self) -> Entry | None:
-        return min(self.entries(), key=lambda e: e.enqueued_at, default=None)
+    def top_band(self) -> int | None:
+        return max(self._bands, default=None)
+
+    def band_entries(self, band: int) -> list[Entry]:
+        return [e for lst in self._bands.get(band, {}).values() for e in lst]
+
+    def oldest(self, band: int | None = None) -> Entry | None:
+        """The longest-waiting entry, of one band or of all."""
+        entries = self.entries() if band is None else self.band_entries(band)
+        return min(entries, key=lambda e: e.enqueued_at, default=None)
 
 
 def _decrement(counts: dict[str, int], key: str) -> None:

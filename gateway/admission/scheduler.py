@@ -175,8 +175,9 @@ class PoolScheduler:
                 if opens > now:
                     wake = opens
                     break
-                under_load = policy.window.enabled and load.depth > policy.window.light_load_queue_depth
-                self.dispatcher.open_round(now, grouped=under_load)
+                depth = len(self.queue) + self.dispatcher.recent_dispatches(now, budgets)
+                under_load = policy.window.enabled and depth > policy.window.light_load_queue_depth
+                self.dispatcher.open_round(now, grouped=under_load, top_band=load.band)
             placed = self.dispatcher.place(self.queue.ordered(), self.backends, budgets, limits)
             if placed is None:
                 ends = self.dispatcher.round_ends(budgets)
@@ -244,13 +245,17 @@ class PoolScheduler:
         return sum(1 for b in self.backends if b.available)
 
     def _load(self, now: float, budgets: PoolBudgets) -> QueueLoad:
-        """Depth counts the waiting requests plus the last round's dispatches, so a steady stream that
-        never piles up still reads as load and gets grouped rounds."""
-        oldest = self.queue.oldest()
-        assert oldest is not None
+        """The window judges the top waiting band, so a lower band's load never holds a higher band: its
+        depth plus the last round's dispatches at that band and above (a steady stream that never piles
+        up still reads as load), and the slack of its oldest request. Queued tokens of every band count
+        towards a full round."""
+        band = self.queue.top_band()
+        oldest = self.queue.oldest(band)
+        assert band is not None and oldest is not None
         slack = oldest.deadline - now - oldest.prompt_tokens / self.rate.tokens_per_s
         return QueueLoad(
-            depth=len(self.queue) + self.dispatcher.recent_dispatches(now, budgets),
+            band=band,
+            depth=self.queue.depth_by_band()[band] + self.dispatcher.recent_dispatches(now, budgets, band),
             prefill_tokens=self.queue.prefill_tokens(),
             oldest_enqueued_at=oldest.enqueued_at,
             oldest_slack_s=slack,

@@ -2,7 +2,8 @@
 
 A round (dispatch.py) is the period over which the prefill budget is metered. When no round is open
 and requests wait, the window decides how long to hold them so one round releases a group instead of
-a trickle of single prefills:
+a trickle of single prefills. It looks at the top waiting band only (depth, oldest request), so work of
+a lower band never holds a higher one:
 
     light load (depth ≤ light_load_queue_depth) or a full round's group already queued → open now
     otherwise  w = max_window_s · min(1, (depth − light) / full_window_depth)
@@ -23,8 +24,9 @@ from gateway.admission.settings import WindowPolicy
 
 @dataclass(frozen=True, slots=True)
 class QueueLoad:
-    """What the window looks at: the queue of one pool at one instant."""
+    """What the window looks at: the top waiting band of one pool's queue at one instant."""
 
+    band: int
     depth: int
     prefill_tokens: int
     oldest_enqueued_at: float

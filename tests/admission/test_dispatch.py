@@ -123,3 +123,29 @@ def test_commit_and_release_are_exact_inverses() -> None:
     )
     release(t, b)
     assert (b.active, b.outstanding_tokens, b.reserved_kv_tokens, b.bucket_active) == (0, 0, 0, {})
+
+
+def test_grouped_round_admits_late_arrivals_only_from_a_strictly_higher_band() -> None:
+    d = Dispatcher()
+    d.open_round(10.0, grouped=True, top_band=5)
+    waiting, late_same, late_high = (
+        entry(ticket(priority=p), now=t) for p, t in ((0, 10.0), (5, 10.01), (10, 10.01))
+    )
+    assert d.joins_round(waiting) and not d.joins_round(late_same) and d.joins_round(late_high)
+    d.commit(late_high.ticket, backends(1)[0])
+    assert d.round_bar == 10 and not d.joins_round(entry(ticket(priority=10), now=10.02))
+    assert d.round_dispatched == {10: 1}
+    d.open_round(10.1)  # not grouped: everyone joins
+    assert d.joins_round(late_same) and d.round_dispatched == {}
+
+
+def test_recent_dispatches_count_the_band_and_above_of_the_last_round_only() -> None:
+    d = Dispatcher()
+    budgets = PoolBudgets(round_s=0.5)
+    d.open_round(10.0)
+    pool = backends(1)
+    for p in (0, 5, 5, 10):
+        d.commit(ticket(priority=p), pool[0])
+    assert d.recent_dispatches(10.5, budgets) == 4
+    assert d.recent_dispatches(10.5, budgets, min_band=5) == 3
+    assert d.recent_dispatches(11.0, budgets) == 0  # an idle gap of a whole round

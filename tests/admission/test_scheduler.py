@@ -100,6 +100,52 @@ async def test_window_groups_prefills_under_load_and_releases_light_load_at_once
     _assert_idle(s)
 
 
+async def _loaded_pool(clock: FakeClock) -> tuple[PoolScheduler, list[asyncio.Task[Lease]]]:
+    """Three band-0 requests released on an idle pool, then a fourth held by the window (load 1 + 3)."""
+    pol = policy(window={"max_window_s": 0.0625, "full_window_depth": 2}, budgets={"round_s": 0.125})
+    s = _sched(pol, clock=clock)
+    lows = [await _spawn(s, ticket(priority=0)) for _ in range(3)]
+    clock.now = 1000.125
+    lows.append(await _spawn(s, ticket(priority=0)))
+    assert not lows[-1].done() and s._next_wake == 1000.1875
+    return s, lows
+
+
+async def test_higher_band_joins_a_grouped_round_at_once_same_band_waits_for_the_next() -> None:
+    clock = FakeClock()
+    s, lows = await _loaded_pool(clock)
+    clock.now = 1000.1875
+    s.pump()
+    await _settle()
+    assert lows[-1].done() and s.dispatcher.round_grouped and s.dispatcher.round_bar == 0
+    clock.now = 1000.25  # mid-round
+    late_low = await _spawn(s, ticket(priority=0))
+    high = await _spawn(s, ticket(priority=10))
+    second_high = await _spawn(s, ticket(priority=10))
+    assert high.done() and high.result().ticket.dispatched_at == 1000.25
+    assert not late_low.done() and not second_high.done()  # the round now released band 10
+    assert s.dispatcher.round_bar == 10 and s._next_wake == 1000.3125
+    clock.now = 1000.3125
+    s.pump()
+    await _settle()
+    assert late_low.done() and second_high.done()
+    for t in [*lows, late_low, high, second_high]:
+        t.result().release(None, "ok")
+    _assert_idle(s)
+
+
+async def test_a_lower_band_window_never_holds_a_higher_band_arrival() -> None:
+    clock = FakeClock()
+    s, lows = await _loaded_pool(clock)
+    clock.now = 1000.15625  # the band-0 window would open at 1000.1875
+    high = await _spawn(s, ticket(priority=10))
+    assert high.done() and lows[-1].done()  # band 10 alone is light: the round opens now, for both
+    assert s.snapshot()["window_s"] == 0.0 and s.dispatcher.round_grouped
+    for t in [*lows, high]:
+        t.result().release(None, "ok")
+    _assert_idle(s)
+
+
 async def test_cancelled_waiter_leaves_the_queue_cleanly() -> None:
     s = _sched(policy(controller=FIXED_1))
     first = await s.acquire(ticket())

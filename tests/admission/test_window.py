@@ -10,7 +10,12 @@ POLICY = WindowPolicy(max_window_s=0.0625, light_load_queue_depth=1, full_window
 
 def _load(depth: int, *, tokens: int = 100, slack: float = 10.0, oldest: float = 100.0) -> QueueLoad:
     return QueueLoad(
-        depth=depth, prefill_tokens=tokens, oldest_enqueued_at=oldest, oldest_slack_s=slack, round_tokens=4096
+        band=5,
+        depth=depth,
+        prefill_tokens=tokens,
+        oldest_enqueued_at=oldest,
+        oldest_slack_s=slack,
+        round_tokens=4096,
     )
 
 
