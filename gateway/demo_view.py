@@ -1,0 +1,321 @@
+"""What `omnigate demo` shows: client-side stats from its own records, gateway and backend gauges.
+
+Pure functions from one `Snapshot` to a rich renderable (a terminal) or to one plain line (CI logs), so
+the view is tested without a terminal and the two outputs always agree. Latencies are the demo client's
+own measurements (send → first content chunk, vLLM's TPOT), in wall-clock milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from loadtest.metrics import percentile, tpot
+from loadtest.records import RequestRecord
+
+THROUGHPUT_WINDOW_S = 10.0
+
+
+@dataclass(slots=True)
+class BackendView:
+    """One simulated backend: its own gauges (sglang:*) plus the gateway's opinion of it."""
+
+    name: str
+    pool: str
+    url: str
+    up: bool = False
+    kv_usage: float | None = None
+    running: float | None = None
+    queued: float | None = None
+    healthy: bool | None = None
+    circuit: str | None = None
+    active: int | None = None  # requests the gateway has in flight there
+    limit: int | None = None  # the gateway's adaptive concurrency limit for it
+
+
+@dataclass(slots=True)
+class PoolView:
+    """One pool's admission state from /admin/state: its queue, what is dispatched, the batching window."""
+
+    queue_depth: int = 0
+    in_flight: int = 0
+    window_s: float = 0.0
+
+
+@dataclass(slots=True)
+class GatewayView:
+    """The gateway's /metrics, reduced: finished requests by (pool, class, outcome), rejections, queue."""
+
+    up: bool = False
+    outcomes: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    rejections: Counter[str] = field(default_factory=Counter)
+    queue_depth: Counter[str] = field(default_factory=Counter)
+    pools: dict[str, PoolView] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Snapshot:
+    base_url: str
+    elapsed: float
+    phase: str
+    time_scale: float
+    records: list[RequestRecord]
+    skipped: int = 0
+    tenants: dict[str, str] = field(default_factory=dict)  # API key → tenant id
+    gateway: GatewayView = field(default_factory=GatewayView)
+    backends: list[BackendView] = field(default_factory=list)
+
+
+def parse_gateway_metrics(text: str) -> GatewayView:
+    view = GatewayView(up=True)
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "omnigate_requests_total":
+                key = (
+                    s.labels.get("pool", ""),
+                    s.labels.get("traffic_class", ""),
+                    s.labels.get("outcome", ""),
+                )
+                view.outcomes[key] += int(s.value)
+            elif s.name == "omnigate_rejections_total":
+                view.rejections[s.labels.get("reason", "")] += int(s.value)
+            elif s.name == "omnigate_quota_denials_total":
+                view.rejections["quota:" + s.labels.get("limit", "")] += int(s.value)
+            elif s.name == "omnigate_queue_depth":
+                view.queue_depth[s.labels.get("pool", "")] += int(s.value)
+    return view
+
+
+def apply_admin_state(state: dict[str, Any], gateway: GatewayView, backends: list[BackendView]) -> None:
+    """Fold /admin/state into the views; backends are matched by the gateway's id `<pool>-<index>`."""
+    by_id = {b.name: b for b in backends}
+    for name, pool in (state.get("pools") or {}).items():
+        if not isinstance(pool, dict):
+            continue
+        gateway.pools[name] = PoolView(
+            int(pool.get("queue_depth") or 0),
+            int(pool.get("in_flight") or 0),
+            float(pool.get("window_s") or 0),
+        )
+        for entry in pool.get("backends") or []:
+            view = by_id.get(str(entry.get("backend")))
+            if view is not None:
+                view.healthy, view.circuit = bool(entry.get("healthy")), str(entry.get("circuit"))
+                view.active, view.limit = entry.get("active"), entry.get("limit")
+
+
+@dataclass(slots=True)
+class GroupStats:
+    """One row of the client table: a traffic class, a tenant, or everything."""
+
+    sent: int = 0
+    ok: int = 0
+    rejected: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    req_per_s: float = 0.0
+    tok_per_s: float = 0.0
+    ttft_ms: tuple[float, float] | None = None  # (p50, p99)
+    tpot_ms: tuple[float, float] | None = None
+
+
+def _p50_p99(values: list[float]) -> tuple[float, float] | None:
+    return (percentile(values, 50), percentile(values, 99)) if values else None
+
+
+def group_stats(records: Iterable[RequestRecord], elapsed: float) -> GroupStats:
+    st = GroupStats()
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    window = min(THROUGHPUT_WINDOW_S, elapsed) or 1.0
+    recent_reqs = recent_tokens = 0
+    for r in records:
+        st.sent += 1
+        if r.e2e is None:
+            st.in_flight += 1
+        elif r.ok:
+            st.ok += 1
+            if r.ttft is not None:
+                ttfts.append(r.ttft * 1000)
+            if (t := tpot(r)) is not None:
+                tpots.append(t * 1000)
+            if r.sent + r.e2e >= elapsed - window:
+                recent_reqs += 1
+                recent_tokens += r.output_tokens
+        elif r.rejected:
+            st.rejected += 1
+        else:
+            st.failed += 1
+    st.req_per_s, st.tok_per_s = recent_reqs / window, recent_tokens / window
+    st.ttft_ms, st.tpot_ms = _p50_p99(ttfts), _p50_p99(tpots)
+    return st
+
+
+def by_class(records: list[RequestRecord]) -> dict[str, list[RequestRecord]]:
+    out: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        out.setdefault(r.traffic_class or "default", []).append(r)
+    return dict(sorted(out.items()))
+
+
+def by_tenant(records: list[RequestRecord], tenants: dict[str, str]) -> dict[str, list[RequestRecord]]:
+    out: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        out.setdefault(tenants.get(r.tenant, r.tenant or "-"), []).append(r)
+    return dict(sorted(out.items()))
+
+
+def _pair(v: tuple[float, float] | None, fmt: str) -> str:
+    return "-" if v is None else f"{v[0]:{fmt}}/{v[1]:{fmt}}"
+
+
+def _opt(v: float | None, fmt: str) -> str:
+    return "-" if v is None else f"{v:{fmt}}"
+
+
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    t = Table(
+        title=title,
+        title_justify="left",
+        title_style="bold",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        pad_edge=False,
+    )
+    for i, col in enumerate(columns):
+        t.add_column(col, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    return t
+
+
+def _client_table(snap: Snapshot) -> Table:
+    t = _table(
+        "demo client: per class, then per tenant (TTFT, TPOT: p50/p99 ms)",
+        ("", "sent", "ok", "rej", "err", "live", "req/s", "tok/s", "TTFT", "TPOT"),
+    )
+    groups = list(by_class(snap.records).items())
+    n_classes = len(groups)
+    groups += list(by_tenant(snap.records, snap.tenants).items())
+    for i, (name, recs) in enumerate(groups):
+        s = group_stats(recs, snap.elapsed)
+        t.add_row(
+            name,
+            str(s.sent),
+            str(s.ok),
+            str(s.rejected),
+            str(s.failed),
+            str(s.in_flight),
+            f"{s.req_per_s:.1f}",
+            f"{s.tok_per_s:.0f}",
+            _pair(s.ttft_ms, ".0f"),
+            _pair(s.tpot_ms, ".1f"),
+            end_section=i == n_classes - 1,
+        )
+    return t
+
+
+def _gateway_table(gw: GatewayView) -> Table:
+    t = _table(
+        "gateway (/metrics, /admin/state)", ("pool/class", "ok", "rej", "err", "queued", "live", "window")
+    )
+    pairs = sorted({(p, c) for p, c, _ in gw.outcomes} | {(p, "") for p in gw.pools})
+    for pool, cls in pairs:
+        if cls == "" and any(p == pool and c for p, c in pairs):
+            continue  # the pool shows on its class rows
+        counts = {o: n for (p, c, o), n in gw.outcomes.items() if (p, c) == (pool, cls)}
+        ok, rejected = counts.get("ok", 0), counts.get("rejected", 0)
+        state = gw.pools.get(pool)
+        t.add_row(
+            pool if cls in ("", pool) else f"{pool}/{cls}",
+            str(ok),
+            str(rejected),
+            str(sum(counts.values()) - ok - rejected),
+            str(state.queue_depth if state else gw.queue_depth.get(pool, 0)),
+            str(state.in_flight) if state else "-",
+            f"{state.window_s * 1000:.0f} ms" if state else "-",
+        )
+    if not pairs:
+        t.add_row("(no requests yet)" if gw.up else "(unreachable)", *[""] * 6)
+    return t
+
+
+def _backend_table(backends: list[BackendView]) -> Table:
+    t = _table(
+        "backends: simulated SGLang /metrics; gateway's active/limit and health",
+        ("backend", "KV used", "running", "queued", "active", "health"),
+    )
+    for b in backends:
+        kv = "-" if b.kv_usage is None else f"{b.kv_usage * 100:.1f} %"
+        health = "-" if b.healthy is None else ("up" if b.healthy else "DOWN") + f", {b.circuit}"
+        t.add_row(
+            f"{b.name} :{b.url.rsplit(':', 1)[-1]}" if b.up else f"{b.name} (down)",
+            kv,
+            _opt(b.running, ".0f"),
+            _opt(b.queued, ".0f"),
+            f"{_opt(b.active, '.0f')}/{_opt(b.limit, '.0f')}",
+            health,
+        )
+    return t
+
+
+def render(snap: Snapshot) -> RenderableType:
+    head = Text.assemble(
+        ("omnigate demo ", "bold"),
+        f"{snap.base_url}  ·  {snap.phase}  ·  {snap.elapsed:.0f} s",
+        f"  ·  sims at time-scale {snap.time_scale:g}",
+        f"  ·  skipped arrivals {snap.skipped}" if snap.skipped else "",
+    )
+    parts: list[RenderableType] = [head, _client_table(snap), _gateway_table(snap.gateway)]
+    if snap.gateway.rejections:
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(snap.gateway.rejections.items()))
+        parts.append(Text(f"gateway rejections by reason: {reasons}"))
+    parts.append(_backend_table(snap.backends))
+    return Group(*parts)
+
+
+def plain_line(snap: Snapshot) -> str:
+    """One log line: totals, then per class TTFT/TPOT P99, then gateway queue and backend KV."""
+    total = group_stats(snap.records, snap.elapsed)
+    bits = [
+        f"[demo {snap.elapsed:5.0f} s {snap.phase}] sent={total.sent} ok={total.ok}",
+        f"rejected={total.rejected} failed={total.failed} in_flight={total.in_flight}",
+        f"req/s={total.req_per_s:.1f}",
+    ]
+    for cls, recs in by_class(snap.records).items():
+        s = group_stats(recs, snap.elapsed)
+        bits.append(f"| {cls}: ok={s.ok} ttft_p99={_opt(s.ttft_ms and s.ttft_ms[1], '.0f')}ms")
+        bits.append(f"tpot_p99={_opt(s.tpot_ms and s.tpot_ms[1], '.1f')}ms")
+    pools = snap.gateway.pools
+    queued = sum(p.queue_depth for p in pools.values()) if pools else sum(snap.gateway.queue_depth.values())
+    bits.append(f"| gateway queued={queued} rejected={sum(snap.gateway.rejections.values())}")
+    kv = ",".join(
+        f"{b.name}={_opt(None if b.kv_usage is None else b.kv_usage * 100, '.0f')}%" for b in snap.backends
+    )
+    bits.append(f"| kv {kv}")
+    return " ".join(bits)
+
+
+def summary_line(records: list[RequestRecord], skipped: int) -> str:
+    """The last line the demo prints; stable `key=value` pairs that scripts and tests parse."""
+    counts = Counter(
+        "ok"
+        if r.ok
+        else "unfinished"
+        if r.e2e is None or r.error == "unfinished"
+        else "rejected"
+        if r.rejected
+        else "failed"
+        for r in records
+    )
+    return (
+        f"demo summary: sent={len(records)} ok={counts['ok']} rejected={counts['rejected']} "
+        f"failed={counts['failed']} unfinished={counts['unfinished']} skipped={skipped}"
+    )
