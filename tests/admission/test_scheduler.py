@@ -146,6 +146,20 @@ async def test_a_lower_band_window_never_holds_a_higher_band_arrival() -> None:
     _assert_idle(s)
 
 
+async def test_observe_prefill_measures_the_engine_not_its_queue() -> None:
+    s = _sched(policy(queue={"prefill_rate_window": 20}))
+    for _ in range(3):
+        s.observe_prefill(1000, 0.5)  # queued behind other prefills: 2000 tokens/s
+    assert s.rate.tokens_per_s == 10000.0  # under prefill_rate_min_samples (4): the prior holds
+    for _ in range(14):
+        s.observe_prefill(1000, 0.5)
+    assert s.rate.tokens_per_s == 2000.0  # every request queued: the least-queued tenth is all we know
+    for _ in range(3):
+        s.observe_prefill(1000, 0.125)  # met an idle engine: 8000 tokens/s
+    assert s.rate.tokens_per_s == 8000.0  # rank ceil(0.9 · 20) = 18 of 20 (the old EWMA: 5020)
+    assert s.snapshot()["prefill_tokens_per_s"] == 8000.0
+
+
 async def test_cancelled_waiter_leaves_the_queue_cleanly() -> None:
     s = _sched(policy(controller=FIXED_1))
     first = await s.acquire(ticket())
