@@ -78,15 +78,42 @@ class Dispatcher:
     def shared_budgets_fit(
         self, ticket: Ticket, backend: BackendState, budgets: PoolBudgets, limit: int
     ) -> bool:
+        return self.shared_budget_miss(ticket, backend, budgets, limit) is None
+
+    def shared_budget_miss(
+        self, ticket: Ticket, backend: BackendState, budgets: PoolBudgets, limit: int
+    ) -> str | None:
+        """The first shared budget `ticket` does not fit on `backend` (None: it fits)."""
         if backend.active >= limit:
-            return False
+            return "concurrency"
         released = self.round_prefill.get(backend.url, 0)
         if released and released + ticket.cost.prompt_tokens > budgets.prefill_tokens_per_round:
-            return False
+            return "round_prefill"
         total = backend.max_total_tokens
         if total is None or backend.active == 0:
-            return True
-        return kv_occupied(backend) + ticket.cost.kv_tokens <= budgets.kv_watermark * total
+            return None
+        if kv_occupied(backend) + ticket.cost.kv_tokens > budgets.kv_watermark * total:
+            return "kv_watermark"
+        return None
+
+    def blocked_by(
+        self, entry: Entry, backends: Iterable[BackendState], budgets: PoolBudgets, limits: Mapping[str, int]
+    ) -> dict[str, str]:
+        """Why `entry` is not going to each backend now, for ops (empty: nothing stops it)."""
+        if not self.joins_round(entry):
+            return {"*": "round_group"}
+        cap = budgets.bucket_caps.get(entry.ticket.bucket)
+        out: dict[str, str] = {}
+        for b in backends:
+            if not b.available:
+                out[b.url] = "unavailable"
+            elif b.url in entry.exclude:
+                out[b.url] = "excluded"
+            elif cap is not None and b.bucket_active.get(entry.ticket.bucket, 0) >= cap:
+                out[b.url] = "bucket_cap"
+            elif (miss := self.shared_budget_miss(entry.ticket, b, budgets, limits[b.url])) is not None:
+                out[b.url] = miss
+        return out
 
     def place(
         self,

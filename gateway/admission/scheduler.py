@@ -203,16 +203,35 @@ class PoolScheduler:
                 await self._wake.wait()
 
     def snapshot(self) -> dict[str, Any]:
-        """State for /admin/state: queue per priority, oldest wait, window, per-backend budgets."""
+        """State for /admin/state — enough to tell why a request waits: queue per priority (depth,
+        oldest wait), the head of the queue and what stops it per backend ("window" while the window
+        holds; "round_group", "concurrency", "round_prefill", "kv_watermark", "bucket_cap", "excluded",
+        "unavailable"), the round, the window, per-backend budgets, and rejections by reason/class."""
+        policy = self.policy_getter()
+        budgets = policy.budgets.for_pool(self.pool)
         now = self.clock()
         oldest = self.queue.oldest()
+        d = self.dispatcher
         return {
             "pool": self.pool,
             "queue_depth": len(self.queue),
             "queue_by_priority": {str(band): n for band, n in self.queue.depth_by_band().items()},
+            "oldest_wait_by_priority": {
+                str(band): now - e.enqueued_at
+                for band in self.queue.depth_by_band()
+                if (e := self.queue.oldest(band)) is not None
+            },
             "queued_prefill_tokens": self.queue.prefill_tokens(),
             "oldest_wait_s": 0.0 if oldest is None else now - oldest.enqueued_at,
+            "head": self._head(now, policy, budgets),
             "window_s": self.window.length_s,
+            "round": {
+                "open": d.round_open(now, budgets),
+                "grouped": d.round_grouped,
+                "age_s": None if d.round_started is None else now - d.round_started,
+                "bar_priority": d.round_bar if math.isfinite(d.round_bar) else None,
+                "dispatched_by_priority": {str(band): n for band, n in sorted(d.round_dispatched.items())},
+            },
             "in_flight": self.in_flight,
             "prefill_tokens_per_s": self.rate.tokens_per_s,
             "rejections": {f"{reason}/{cls}": n for (reason, cls), n in sorted(self.rejections.items())},
@@ -226,11 +245,35 @@ class PoolScheduler:
                     "reserved_kv_tokens": b.reserved_kv_tokens,
                     "kv_occupied_tokens": kv_occupied(b),
                     "max_total_tokens": b.max_total_tokens,
-                    "round_prefill_tokens": self.dispatcher.round_prefill.get(b.url, 0),
+                    "round_prefill_tokens": d.round_prefill.get(b.url, 0),
                     "buckets": dict(b.bucket_active),
                 }
                 for b in self.backends
             ],
+        }
+
+    def _head(self, now: float, policy: Policy, budgets: PoolBudgets) -> dict[str, Any] | None:
+        """The first waiting request in dispatch order and what holds it. Between rounds: the window,
+        if it still holds, else the budgets a round opened now would check."""
+        head = next(self.queue.ordered(), None)
+        if head is None:
+            return None
+        limits = {url: lim.limit for url, lim in self.limits.items()}
+        if self.dispatcher.round_open(now, budgets):
+            blocked = self.dispatcher.blocked_by(head, self.backends, budgets, limits)
+        elif self.window.opens_at(self.pool, self._load(now, budgets), policy.window) > now:
+            blocked = {"*": "window"}
+        else:
+            fresh = Dispatcher()
+            fresh.open_round(now)
+            blocked = fresh.blocked_by(head, self.backends, budgets, limits)
+        return {
+            "id": head.ticket.id,
+            "tenant": head.tenant,
+            "priority": head.band,
+            "wait_s": now - head.enqueued_at,
+            "prompt_tokens": head.prompt_tokens,
+            "blocked_by": blocked,
         }
 
     # -- internals ---------------------------------------------------------------------------------

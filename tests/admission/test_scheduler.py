@@ -160,6 +160,52 @@ async def test_observe_prefill_measures_the_engine_not_its_queue() -> None:
     assert s.snapshot()["prefill_tokens_per_s"] == 8000.0
 
 
+async def test_snapshot_tells_why_the_head_of_the_queue_waits() -> None:
+    clock = FakeClock()
+    pol = policy(controller=FIXED_1, window={"max_window_s": 0.5, "full_window_depth": 1})
+    s = _sched(pol, clock=clock)
+    running = await s.acquire(ticket(prompt=300))
+    clock.now = 1000.25
+    low = await _spawn(s, ticket(priority=0, tenant="lo"))
+    clock.now = 1000.5
+    high = await _spawn(s, ticket(priority=10, tenant="hi", prompt=50))
+    snap = s.snapshot()  # band 10 alone is light: a round opened at 1000.5; the one slot is taken
+    assert snap["queue_by_priority"] == {"0": 1, "10": 1} and snap["queued_prefill_tokens"] == 150
+    assert snap["oldest_wait_by_priority"] == {"0": 0.25, "10": 0.0} and snap["oldest_wait_s"] == 0.25
+    assert snap["head"] | {"id": None} == {
+        "id": None,
+        "tenant": "hi",
+        "priority": 10,
+        "wait_s": 0.0,
+        "prompt_tokens": 50,
+        "blocked_by": {"http://b0": "concurrency"},
+    }
+    assert snap["round"] == {
+        "open": True,
+        "grouped": True,
+        "age_s": 0.0,
+        "bar_priority": 10,
+        "dispatched_by_priority": {},
+    }
+    clock.now = 1000.75  # round over; 2 waiting (band 10 alone: 1) → a round would open now
+    assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "concurrency"}
+    running.release(None, "ok")  # high goes in a round opened now; low waited before it: it may join
+    assert (await high).ticket.dispatched_at == 1000.75
+    assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "concurrency"}
+    high.result().release(None, "ok")
+    (await low).release(None, "ok")
+    clock.now = 1000.875  # last round released band 10 and band 0: band 5 reads 1 waiting + 1 → window
+    late = await _spawn(s, ticket(priority=5))
+    snap = s.snapshot()
+    assert snap["head"]["blocked_by"] == {"*": "window"} and snap["window_s"] == 0.5
+    assert snap["rejections"] == {}
+    clock.now = 1001.375
+    s.pump()
+    (await late).release(None, "ok")
+    _assert_idle(s)
+    assert s.snapshot()["head"] is None
+
+
 async def test_cancelled_waiter_leaves_the_queue_cleanly() -> None:
     s = _sched(policy(controller=FIXED_1))
     first = await s.acquire(ticket())
