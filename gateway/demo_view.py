@@ -87,8 +87,6 @@ def parse_gateway_metrics(text: str) -> GatewayView:
                 view.outcomes[key] += int(s.value)
             elif s.name == "omnigate_rejections_total":
                 view.rejections[s.labels.get("reason", "")] += int(s.value)
-            elif s.name == "omnigate_quota_denials_total":
-                view.rejections["quota:" + s.labels.get("limit", "")] += int(s.value)
             elif s.name == "omnigate_queue_depth":
                 view.queue_depth[s.labels.get("pool", "")] += int(s.value)
     return view
@@ -291,8 +289,9 @@ def plain_line(snap: Snapshot) -> str:
     ]
     for cls, recs in by_class(snap.records).items():
         s = group_stats(recs, snap.elapsed)
-        bits.append(f"| {cls}: ok={s.ok} ttft_p99={_opt(s.ttft_ms and s.ttft_ms[1], '.0f')}ms")
-        bits.append(f"tpot_p99={_opt(s.tpot_ms and s.tpot_ms[1], '.1f')}ms")
+        ttft = "-" if s.ttft_ms is None else f"{s.ttft_ms[1]:.0f}ms"
+        tpot_ = "-" if s.tpot_ms is None else f"{s.tpot_ms[1]:.1f}ms"
+        bits.append(f"| {cls}: ok={s.ok} ttft_p99={ttft} tpot_p99={tpot_}")
     pools = snap.gateway.pools
     queued = sum(p.queue_depth for p in pools.values()) if pools else sum(snap.gateway.queue_depth.values())
     bits.append(f"| gateway queued={queued} rejected={sum(snap.gateway.rejections.values())}")
@@ -303,18 +302,15 @@ def plain_line(snap: Snapshot) -> str:
     return " ".join(bits)
 
 
+def _outcome(r: RequestRecord) -> str:
+    if r.e2e is None or r.error == "unfinished":  # still streaming, or cut when the demo ended
+        return "unfinished"
+    return "ok" if r.ok else "rejected" if r.rejected else "failed"
+
+
 def summary_line(records: list[RequestRecord], skipped: int) -> str:
     """The last line the demo prints; stable `key=value` pairs that scripts and tests parse."""
-    counts = Counter(
-        "ok"
-        if r.ok
-        else "unfinished"
-        if r.e2e is None or r.error == "unfinished"
-        else "rejected"
-        if r.rejected
-        else "failed"
-        for r in records
-    )
+    counts = Counter(_outcome(r) for r in records)
     return (
         f"demo summary: sent={len(records)} ok={counts['ok']} rejected={counts['rejected']} "
         f"failed={counts['failed']} unfinished={counts['unfinished']} skipped={skipped}"

@@ -1,0 +1,303 @@
+"""`omnigate demo`: the pure parts (plan, view, summary) and two real runs as subprocesses.
+
+The real runs check what a user relies on: requests succeed through the gateway with the demo keys, the
+final summary line is printed, Ctrl-C and the duration both stop every child process, none is left.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+
+from gateway.demo import DEFAULT_CONFIG, ROOT, DemoError, build_plan, choose_port
+from gateway.demo_view import (
+    BackendView,
+    GatewayView,
+    Snapshot,
+    apply_admin_state,
+    parse_gateway_metrics,
+    plain_line,
+    render,
+    summary_line,
+)
+from loadtest.records import RequestRecord
+
+SUMMARY = re.compile(r"^demo summary: (.*)$", re.M)
+PID_LINE = re.compile(r"^  (\S+)\s+pid (\d+)$", re.M)
+
+
+# -- plan -------------------------------------------------------------------------------------------------
+def test_plan_gives_every_listed_backend_its_own_simulator_and_rewrites_the_config() -> None:
+    plan = build_plan(DEFAULT_CONFIG, 18080, 4.0)
+    assert [s.name for s in plan.sims] == ["interactive-0", "interactive-1", "offline-0"]
+    assert len({s.port for s in plan.sims}) == 3
+    pools = {p["name"]: p["backends"] for p in plan.gateway_doc["pools"]}
+    assert pools == {
+        "interactive": [plan.sims[0].url, plan.sims[1].url],
+        "offline": [plan.sims[2].url],
+    }
+    assert plan.gateway_doc["listen"] == {"host": "127.0.0.1", "port": 18080}
+    assert "demo" not in plan.gateway_doc
+    assert Path(plan.gateway_doc["policy_path"]) == ROOT / "policies" / "default.yaml"
+    assert plan.keys == {"sk-demo-alice": "alice", "sk-demo-bob": "bob", "sk-demo-batch": "batch"}
+    assert plan.admin_token == "demo-admin-token"
+    assert plan.base_url == "http://127.0.0.1:18080"
+    interactive = plan.sims[0].args
+    assert interactive[:2] == ["--time-scale", "4.0"]
+    assert interactive[-2:] == ["--model", "qwen2.5-omni-7b"]
+    assert "--schedule-policy" in interactive and "--schedule-policy" not in plan.sims[2].args
+
+
+def _write_config(tmp_path: Path, edit: dict) -> Path:
+    doc = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    doc["demo"].update(edit)
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_plan_rejects_a_bad_demo_section_with_the_field_named(tmp_path: Path) -> None:
+    with pytest.raises(DemoError, match=r"demo: \('rate',\): Input should be greater than 0"):
+        build_plan(_write_config(tmp_path, {"rate": 0}), 18080, 1.0)
+
+
+def test_plan_rejects_a_bad_gateway_config(tmp_path: Path) -> None:
+    doc = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    doc["pools"][0]["models"] = []
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(DemoError, match=r"pools\.0\.models"):
+        build_plan(path, 18080, 1.0)
+
+
+def test_an_explicit_port_in_use_is_an_error_and_zero_means_any() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        with pytest.raises(DemoError, match=f"port {taken} is in use"):
+            choose_port(taken)
+        assert choose_port(0) != taken
+
+
+# -- view -------------------------------------------------------------------------------------------------
+def _rec(cls: str, key: str, status: int = 200, error: str | None = None, done: bool = True) -> RequestRecord:
+    return RequestRecord(
+        traffic_class=cls,
+        tenant=key,
+        status=status,
+        error=error,
+        sent=1.0,
+        ttft=0.1 if done and status == 200 else None,
+        e2e=1.1 if done else None,
+        output_tokens=11,
+    )
+
+
+RECORDS = [
+    _rec("interactive", "k-a"),
+    _rec("interactive", "k-a"),
+    _rec("interactive", "k-b", status=429, error="requests_per_minute_exceeded"),
+    _rec("offline", "k-c", status=502, error="backend_status"),
+    _rec("offline", "k-c", done=False),
+    _rec("offline", "k-c", error="unfinished"),
+]
+
+
+def test_summary_line_counts_every_outcome_once() -> None:
+    assert summary_line(RECORDS, 2) == (
+        "demo summary: sent=6 ok=2 rejected=1 failed=1 unfinished=2 skipped=2"
+    )
+
+
+GATEWAY_METRICS = """\
+# TYPE omnigate_requests_total counter
+omnigate_requests_total{pool="interactive",traffic_class="interactive",tenant="alice",bucket="text",\
+priority="5",outcome="ok"} 7.0
+omnigate_requests_total{pool="interactive",traffic_class="interactive",tenant="bob",bucket="text",\
+priority="5",outcome="rejected"} 2.0
+omnigate_requests_total{pool="offline",traffic_class="offline",tenant="batch",bucket="text",\
+priority="0",outcome="upstream_error"} 1.0
+# TYPE omnigate_rejections_total counter
+omnigate_rejections_total{reason="queue_full",traffic_class="interactive"} 3.0
+# TYPE omnigate_queue_depth gauge
+omnigate_queue_depth{pool="interactive",priority="5"} 4.0
+omnigate_queue_depth{pool="interactive",priority="10"} 1.0
+"""
+
+
+def test_gateway_metrics_are_reduced_per_pool_class_and_outcome() -> None:
+    view = parse_gateway_metrics(GATEWAY_METRICS)
+    assert view.up
+    assert view.outcomes == Counter(
+        {
+            ("interactive", "interactive", "ok"): 7,
+            ("interactive", "interactive", "rejected"): 2,
+            ("offline", "offline", "upstream_error"): 1,
+        }
+    )
+    assert view.rejections == Counter({"queue_full": 3})
+    assert view.queue_depth == Counter({"interactive": 5})
+
+
+def test_admin_state_fills_pool_and_backend_views_by_backend_id() -> None:
+    gw = GatewayView(up=True)
+    backends = [
+        BackendView("interactive-0", "interactive", "http://127.0.0.1:1"),
+        BackendView("x-0", "x", "u"),
+    ]
+    state = {
+        "pools": {
+            "interactive": {
+                "queue_depth": 3,
+                "in_flight": 9,
+                "window_s": 0.02,
+                "backends": [
+                    {
+                        "backend": "interactive-0",
+                        "healthy": True,
+                        "circuit": "closed",
+                        "active": 9,
+                        "limit": 24,
+                    }
+                ],
+            }
+        }
+    }
+    apply_admin_state(state, gw, backends)
+    assert (gw.pools["interactive"].queue_depth, gw.pools["interactive"].in_flight) == (3, 9)
+    assert gw.pools["interactive"].window_s == 0.02
+    b = backends[0]
+    assert (b.healthy, b.circuit, b.active, b.limit) == (True, "closed", 9, 24)
+    assert backends[1].healthy is None
+
+
+def _snapshot() -> Snapshot:
+    gw = parse_gateway_metrics(GATEWAY_METRICS)
+    backend = BackendView("interactive-0", "interactive", "http://127.0.0.1:30123", True, 0.425, 6, 2)
+    keys = {"k-a": "alice", "k-b": "bob", "k-c": "batch"}
+    return Snapshot("http://127.0.0.1:8080", 4.0, "load", 10.0, RECORDS, 2, keys, gw, [backend])
+
+
+def test_plain_line_reports_totals_per_class_latency_queue_and_kv() -> None:
+    line = plain_line(_snapshot())
+    assert line.startswith("[demo     4 s load] sent=6 ok=2 rejected=1 failed=2 in_flight=1 req/s=0.5")
+    assert "| interactive: ok=2 ttft_p99=100ms tpot_p99=100.0ms" in line
+    assert "| offline: ok=0 ttft_p99=- tpot_p99=-" in line
+    assert line.endswith("| gateway queued=5 rejected=3 | kv interactive-0=42%")
+
+
+def test_live_view_fits_an_80_column_terminal_and_shows_each_part() -> None:
+    console = Console(width=80, record=True)
+    console.print(render(_snapshot()))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for needle in ("interactive", "alice", "bob", "batch", "100/100", "queue_full 3", "42.5 %", ":30123"):
+        assert needle in text, needle
+    assert "…" not in text  # nothing truncated
+
+
+# -- real runs --------------------------------------------------------------------------------------------
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return not (status.exists() and "\nState:\tZ" in status.read_text())
+
+
+def _pids(output: str) -> dict[str, int]:
+    return {name: int(pid) for name, pid in PID_LINE.findall(output)}
+
+
+def _summary(output: str) -> dict[str, int]:
+    match = SUMMARY.search(output)
+    assert match, output[-3000:]
+    return {k: int(v) for k, v in (pair.split("=") for pair in match.group(1).split())}
+
+
+def _demo(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gateway.demo", "--port", "0", "--time-scale", "20", *args]
+
+
+@pytest.mark.timeout(120)
+def test_demo_runs_a_workload_for_its_duration_and_leaves_no_process_behind(tmp_path: Path) -> None:
+    # A long drain so that a slow CI box finishes every request instead of cutting it (`unfinished`).
+    config = _write_config(tmp_path, {"rate": 2.0, "drain_s": 30})
+    proc = subprocess.run(
+        _demo("--duration", "8", "--config", str(config), "--print-every", "2"),
+        capture_output=True,
+        text=True,
+        timeout=110,
+        cwd=ROOT,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    pids = _pids(out)
+    assert sorted(pids) == ["gateway", "interactive-0", "interactive-1", "offline-0"]
+    summary = _summary(out)
+    assert summary["ok"] >= 1
+    assert summary["ok"] + summary["rejected"] == summary["sent"]  # 429s (bob's quota) are allowed
+    assert (summary["failed"], summary["unfinished"], summary["skipped"]) == (0, 0, 0)
+    assert "interactive: ok=" in out and "offline: ok=" in out
+    assert "stopped 4 processes: " in out and "killed" not in out
+    assert [name for name, pid in pids.items() if _alive(pid)] == []
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_an_unbounded_demo_that_openai_clients_used() -> None:
+    from openai import AuthenticationError, OpenAI
+
+    proc = subprocess.Popen(
+        _demo("--duration", "0", "--no-load"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        banner = ""
+        while "Try it from another terminal" not in banner:
+            line = proc.stdout.readline()
+            assert line, f"demo exited before it was up: {banner}"
+            banner += line
+        pids = _pids(banner)
+        assert len(pids) == 4
+        base_url = re.search(r"omnigate demo is up: (\S+)", banner)
+        assert base_url
+        client = OpenAI(base_url=base_url.group(1), api_key="sk-demo-alice", max_retries=0, timeout=30)
+        reply = client.chat.completions.create(
+            model="qwen2.5-omni-7b",
+            messages=[{"role": "user", "content": "Hello!"}],
+            max_tokens=8,
+            extra_headers={"x-omnigate-class": "interactive"},
+        )
+        assert reply.usage is not None and 1 <= reply.usage.completion_tokens <= 8
+        assert reply.choices[0].message.content
+        stranger = OpenAI(base_url=base_url.group(1), api_key="not-a-demo-key", max_retries=0, timeout=30)
+        with pytest.raises(AuthenticationError):
+            stranger.chat.completions.create(
+                model="qwen2.5-omni-7b", messages=[{"role": "user", "content": "?"}]
+            )
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, rest[-3000:]
+    assert _summary(rest) == {"sent": 0, "ok": 0, "rejected": 0, "failed": 0, "unfinished": 0, "skipped": 0}
+    assert "stopped 4 processes: " in rest and "killed" not in rest
+    assert [name for name, pid in pids.items() if _alive(pid)] == []
