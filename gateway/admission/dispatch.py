@@ -142,17 +142,29 @@ class Dispatcher:
             return entry, min(fitting, key=lambda b: (b.outstanding_tokens, b.active, b.url))
         return None
 
-    def commit(self, ticket: Ticket, backend: BackendState) -> None:
-        """Account a dispatch on the backend; `release` undoes exactly this."""
+    def commit(self, ticket: Ticket, backend: BackendState, *, loan: bool = False) -> None:
+        """Account a dispatch on the backend (`release` undoes exactly that) and in the round. A loan
+        (another pool's request on our backend) spends the round's prefill budget but is not our
+        traffic: it neither raises the round's bar nor counts as arrival pressure for the window."""
         cost = ticket.cost
         backend.active += 1
         backend.outstanding_tokens += cost.total_tokens
         backend.reserved_kv_tokens += cost.kv_tokens
         backend.bucket_active[ticket.bucket] = backend.bucket_active.get(ticket.bucket, 0) + 1
         self.round_prefill[backend.url] = self.round_prefill.get(backend.url, 0) + cost.prompt_tokens
+        if loan:
+            return
         band = ticket.priority
         self.round_dispatched[band] = self.round_dispatched.get(band, 0) + 1
         self.round_bar = max(self.round_bar, band)
+
+
+def backend_load(backend: BackendState, limit: int, budgets: PoolBudgets) -> float:
+    """How full a backend is, 0..1+: the larger of active / limit and KV occupancy / watermark."""
+    load = backend.active / limit
+    if backend.max_total_tokens:
+        load = max(load, kv_occupied(backend) / (budgets.kv_watermark * backend.max_total_tokens))
+    return load
 
 
 def release(ticket: Ticket, backend: BackendState) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 
 from gateway.admission import dispatch
-from gateway.admission.dispatch import Dispatcher, kv_occupied
+from gateway.admission.dispatch import Dispatcher, backend_load, kv_occupied
 from gateway.admission.fairness import VirtualTokenCounters, token_charge
 from gateway.admission.limits import Limit, Sample, make_limit
 from gateway.admission.queue import Entry, SLOQueue, effective_deadline
@@ -45,11 +45,14 @@ class _Waiter:
 class Lease:
     """A dispatched request's hold on a backend's budgets; `release` gives them all back exactly once."""
 
-    def __init__(self, scheduler: PoolScheduler, entry: Entry, backend: BackendState, charged: float) -> None:
+    def __init__(
+        self, scheduler: PoolScheduler, entry: Entry, backend: BackendState, charged: float, loan: bool
+    ) -> None:
         self._scheduler = scheduler
         self.entry = entry
         self.backend = backend
         self.charged = charged
+        self.loan = loan  # the backend belongs to the lending pool (PoolScheduler.lend_to)
         self.released = False
 
     @property
@@ -99,6 +102,9 @@ class PoolScheduler:
         self._next_wake = math.inf
         self._next_sweep = -math.inf
         self._wake = anyio.Event()
+        self._lender: PoolScheduler | None = None
+        self.lent = 0  # this pool's backends running another pool's requests
+        self.borrowed = 0  # this pool's requests running on a lender's backends
         self._sync_limits(policy)
 
     @property
@@ -150,6 +156,33 @@ class PoolScheduler:
         assert waiter.lease is not None
         return waiter.lease
 
+    def lend_to(self, borrower: PoolScheduler) -> None:
+        """Let `borrower` (the offline pool) run requests on this pool's backends while this pool's
+        `budgets.lend` policy allows (off by default): see `lend`."""
+        borrower._lender = self
+
+    def lend(self, entry: Entry, now: float) -> BackendState | None:
+        """A backend of this pool for a borrower's request, already accounted, or None. A loan starts
+        only while lending is enabled, none of this pool's own requests wait, and a backend is below
+        `lend.max_load` and fits this pool's budgets (the loan spends this pool's round prefill budget).
+        Loans run to their end: the guarantee is that no loan starts while our requests wait."""
+        policy = self.policy_getter()
+        budgets = policy.budgets.for_pool(self.pool)
+        if not budgets.lend.enabled or self.queue:
+            return None
+        self._sync_limits(policy)
+        limits = {url: lim.limit for url, lim in self.limits.items()}
+        idle = [b for b in self.backends if backend_load(b, limits[b.url], budgets) < budgets.lend.max_load]
+        if not self.dispatcher.round_open(now, budgets):
+            self.dispatcher.open_round(now)
+        placed = self.dispatcher.place([entry], idle, budgets, limits)
+        if placed is None:
+            return None
+        backend = placed[1]
+        self.dispatcher.commit(entry.ticket, backend, loan=True)
+        self.lent += 1
+        return backend
+
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """Feed one observed prefill (prompt tokens, seconds to first token) to the pool's rate estimate."""
         self.rate.configure(self.policy_getter().queue)
@@ -179,11 +212,14 @@ class PoolScheduler:
                 under_load = policy.window.enabled and depth > policy.window.light_load_queue_depth
                 self.dispatcher.open_round(now, grouped=under_load, top_band=load.band)
             placed = self.dispatcher.place(self.queue.ordered(), self.backends, budgets, limits)
+            loan = placed is None
+            if placed is None:
+                placed = self._borrow(now)
             if placed is None:
                 ends = self.dispatcher.round_ends(budgets)
                 wake = math.inf if ends is None else ends
                 break
-            self._dispatch(*placed, now)
+            self._dispatch(*placed, now, loan=loan)
         if not self.queue:
             self.window.length_s = 0.0
         else:
@@ -233,6 +269,8 @@ class PoolScheduler:
                 "dispatched_by_priority": {str(band): n for band, n in sorted(d.round_dispatched.items())},
             },
             "in_flight": self.in_flight,
+            "borrowed_in_flight": self.borrowed,
+            "lent_in_flight": self.lent,
             "prefill_tokens_per_s": self.rate.tokens_per_s,
             "rejections": {f"{reason}/{cls}": n for (reason, cls), n in sorted(self.rejections.items())},
             "backends": [
@@ -313,15 +351,26 @@ class PoolScheduler:
                 self.limits[b.url] = current = make_limit(policy.controller, start)
             b.concurrency_limit = current.limit
 
-    def _dispatch(self, entry: Entry, backend: BackendState, now: float) -> None:
+    def _borrow(self, now: float) -> tuple[Entry, BackendState] | None:
+        """Our own backends are full: offer the first request this round may release to the lender."""
+        if self._lender is None:
+            return None
+        head = next((e for e in self.queue.ordered() if self.dispatcher.joins_round(e)), None)
+        backend = None if head is None else self._lender.lend(head, now)
+        return None if head is None or backend is None else (head, backend)
+
+    def _dispatch(self, entry: Entry, backend: BackendState, now: float, *, loan: bool) -> None:
         self.queue.remove(entry)
         ticket = entry.ticket
-        self.dispatcher.commit(ticket, backend)
+        if loan:
+            self.borrowed += 1  # the lender accounted it
+        else:
+            self.dispatcher.commit(ticket, backend)
         self.counters.served(ticket.tenant)
         self.counters.charge(ticket.tenant, entry.charge)
         ticket.backend = backend.url
         ticket.dispatched_at = now
-        lease = Lease(self, entry, backend, entry.charge)
+        lease = Lease(self, entry, backend, entry.charge, loan)
         self._leases.add(lease)
         waiter = self._waiters.pop(entry)
         waiter.lease = lease
@@ -369,6 +418,10 @@ class PoolScheduler:
             limit.update(Sample(self.clock(), in_flight, ratio, dropped=outcome in DROP_OUTCOMES))
             backend.concurrency_limit = limit.limit
         self.pump()
+        if lease.loan and self._lender is not None:
+            self.borrowed -= 1
+            self._lender.lent -= 1
+            self._lender.pump()  # its own waiting requests may take the freed slot
 
 
 def latency_ratio(

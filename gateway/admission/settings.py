@@ -75,6 +75,19 @@ class QueuePolicy(_Strict):
     )
 
 
+class LendPolicy(_Strict):
+    """Lending this pool's backends to another pool's work (offline borrowing interactive backends)."""
+
+    enabled: bool = False
+    max_load: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="A loan starts only while the backend's load (the larger of active / limit and KV "
+        "occupancy / watermark) is below this.",
+    )
+
+
 class PoolBudgets(_Strict):
     """The per-backend budgets of one pool: prefill per round, KV watermark, modality bucket caps."""
 
@@ -86,6 +99,7 @@ class PoolBudgets(_Strict):
     bucket_caps: dict[str, int] = Field(
         default_factory=lambda: {"multi_image": 16, "single_image": 64, "long_doc": 8}
     )
+    lend: LendPolicy = Field(default_factory=LendPolicy)
 
 
 class BudgetPolicy(PoolBudgets):

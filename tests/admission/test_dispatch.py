@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.admission.dispatch import Dispatcher, kv_occupied, release
+from gateway.admission.dispatch import Dispatcher, backend_load, kv_occupied, release
 from gateway.admission.fairness import VirtualTokenCounters
 from gateway.admission.queue import Entry, SLOQueue
 from gateway.admission.settings import PoolBudgets
@@ -149,3 +149,10 @@ def test_recent_dispatches_count_the_band_and_above_of_the_last_round_only() -> 
     assert d.recent_dispatches(10.5, budgets) == 4
     assert d.recent_dispatches(10.5, budgets, min_band=5) == 3
     assert d.recent_dispatches(11.0, budgets) == 0  # an idle gap of a whole round
+
+
+def test_backend_load_is_the_fuller_of_slots_and_kv() -> None:
+    b = BackendState(url="http://b0", pool="p", active=1)
+    assert backend_load(b, 4, PoolBudgets(kv_watermark=0.8)) == 0.25  # KV unknown before the first scrape
+    b.max_total_tokens, b.used_tokens = 1000, 600
+    assert backend_load(b, 4, PoolBudgets(kv_watermark=0.8)) == 0.75

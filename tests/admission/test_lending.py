@@ -1,0 +1,78 @@
+"""Offline work borrowing interactive backends (`PoolScheduler.lend_to`): off by default, only below the
+lending pool's load threshold, never while the lending pool's own requests wait."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gateway.admission.scheduler import Lease, PoolScheduler
+from gateway.backends.state import BackendState
+from gateway.policy import Policy
+from gateway.ticket import Ticket
+from tests.admission.helpers import FakeClock, policy, ticket
+
+
+def _policy(lend: bool) -> Policy:
+    return policy(
+        controller={"algorithm": "fixed", "initial": 4, "min": 1, "max": 4},
+        window={"enabled": False},
+        budgets={"pools": {"interactive": {"lend": {"enabled": lend, "max_load": 0.5}}}},
+    )
+
+
+async def _spawn(s: PoolScheduler, t: Ticket) -> asyncio.Task[Lease]:
+    task = asyncio.create_task(s.acquire(t))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    return task
+
+
+def _offline() -> Ticket:
+    return ticket(cls="offline", tenant="batch", prompt=100)
+
+
+async def test_offline_borrows_an_interactive_backend_only_when_allowed_and_never_ahead_of_its_owner() -> (
+    None
+):
+    current: dict[str, Any] = {"p": _policy(lend=False)}
+    clock = FakeClock()
+    i0 = BackendState(url="http://i0", pool="interactive")
+    o0 = BackendState(url="http://o0", pool="offline")
+    inter = PoolScheduler("interactive", [i0], lambda: current["p"], clock=clock)
+    off = PoolScheduler("offline", [o0], lambda: current["p"], clock=clock)
+    inter.lend_to(off)
+
+    own = [await _spawn(off, _offline()) for _ in range(4)]
+    assert all(t.done() and t.result().backend is o0 for t in own)
+    fifth = await _spawn(off, _offline())
+    assert not fifth.done() and i0.active == 0  # lending is off by default
+
+    current["p"] = _policy(lend=True)
+    off.pump()
+    await asyncio.sleep(0)
+    loan = fifth.result()
+    assert loan.backend is i0 and loan.loan and (inter.lent, off.borrowed) == (1, 1)
+    assert inter.dispatcher.round_prefill == {"http://i0": 100}  # the loan spends the lender's round budget
+    assert inter.dispatcher.round_dispatched == {}  # but is not interactive arrival pressure
+    sixth = await _spawn(off, _offline())  # i0 at 1/4 < 0.5
+    seventh = await _spawn(off, _offline())  # i0 at 2/4: not below 0.5
+    assert sixth.result().backend is i0 and not seventh.done() and i0.active == 2
+
+    chat = [await _spawn(inter, ticket(prompt=100)) for _ in range(3)]
+    assert [t.done() for t in chat] == [True, True, False]  # loans hold 2 of 4 slots; the 3rd chat waits
+    assert off.snapshot()["borrowed_in_flight"] == 2 and inter.snapshot()["lent_in_flight"] == 2
+
+    loan.release(None, "ok")  # the freed slot goes to the waiting chat, not to the waiting offline request
+    await asyncio.sleep(0)
+    assert chat[2].done() and not seventh.done() and (inter.lent, off.borrowed) == (1, 1)
+
+    for t in chat:
+        t.result().release(None, "ok")  # i0: one loan of 4 → 0.25 < 0.5, nothing interactive waits
+    off.pump()
+    await asyncio.sleep(0)
+    assert seventh.result().backend is i0
+    for t in [*own, sixth, seventh]:
+        t.result().release(None, "ok")
+    assert (i0.active, i0.outstanding_tokens, i0.reserved_kv_tokens, i0.bucket_active) == (0, 0, 0, {})
+    assert (o0.active, inter.lent, off.borrowed, len(off.queue)) == (0, 0, 0, 0)
