@@ -143,7 +143,8 @@ def build_plan(path: Path, port: int, time_scale: float) -> Plan:
     try:
         settings = DemoSettings.model_validate(doc.pop("demo", None) or {})
     except ValidationError as e:
-        raise DemoError(f"{path}: demo: {e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from None
+        first = e.errors()[0]
+        raise DemoError(f"{path}: demo.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     doc.setdefault("listen", {}).update(host="127.0.0.1", port=port)
     policy = Path(doc.get("policy_path", "policies/default.yaml"))
     doc["policy_path"] = str(policy if policy.is_absolute() else ROOT / policy)
@@ -193,7 +194,7 @@ class Children:
     logdir: Path
     items: list[Child] = field(default_factory=list)
 
-    def start(self, name: str, argv: list[str]) -> Child:
+    def start(self, name: str, url: str, argv: list[str]) -> Child:
         log = self.logdir / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
@@ -207,6 +208,7 @@ class Children:
             )
         child = Child(name, proc, log)
         self.items.append(child)
+        print(f"  started {name:<14} pid {proc.pid:<7} {url}", flush=True)
         return child
 
     async def stop(self) -> None:
@@ -342,12 +344,11 @@ async def observe(client: httpx.AsyncClient, plan: Plan) -> tuple[GatewayView, l
     return gateway, views
 
 
-def print_banner(plan: Plan, children: Children) -> None:
+def print_banner(plan: Plan) -> None:
     key = next(iter(plan.keys), "<api key>")
     lines = [
         "",
         f"omnigate demo is up: {plan.base_url}/v1",
-        *(f"  {c.name:<14} pid {c.proc.pid}" for c in children.items),
         "  demo API keys: " + ", ".join(f"{k} ({t})" for k, t in plan.keys.items()),
         f"  admin token:   {plan.admin_token}" if plan.admin_token else "",
         "",
@@ -400,7 +401,7 @@ async def _run_with(
     py = sys.executable
     sims = [
         children.start(
-            s.name, [py, "-m", "loadtest.sim", "--host", "127.0.0.1", "--port", str(s.port), *s.args]
+            s.name, s.url, [py, "-m", "loadtest.sim", "--host", "127.0.0.1", "--port", str(s.port), *s.args]
         )
         for s in plan.sims
     ]
@@ -411,13 +412,14 @@ async def _run_with(
         )
         if stop.is_set():
             return 0
-        gw = children.start("gateway", [py, "-m", "gateway.cli", "serve", "--config", str(config_path)])
+        gw_argv = [py, "-m", "gateway.cli", "serve", "--config", str(config_path)]
+        gw = children.start("gateway", plan.base_url, gw_argv)
         await wait_ready(client, gw, plan.base_url + "/readyz", stop)
         if prewarm is not None:
             await prewarm
         if stop.is_set():
             return 0
-        print_banner(plan, children)
+        print_banner(plan)
         return await _show(args, plan, load, client, stop)
 
 

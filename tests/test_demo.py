@@ -33,7 +33,7 @@ from gateway.demo_view import (
 from loadtest.records import RequestRecord
 
 SUMMARY = re.compile(r"^demo summary: (.*)$", re.M)
-PID_LINE = re.compile(r"^  (\S+)\s+pid (\d+)$", re.M)
+PID_LINE = re.compile(r"^  started (\S+)\s+pid (\d+)", re.M)
 
 
 # -- plan -------------------------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def _write_config(tmp_path: Path, edit: dict) -> Path:
 
 
 def test_plan_rejects_a_bad_demo_section_with_the_field_named(tmp_path: Path) -> None:
-    with pytest.raises(DemoError, match=r"demo: \('rate',\): Input should be greater than 0"):
+    with pytest.raises(DemoError, match=r"demo\.rate: Input should be greater than 0"):
         build_plan(_write_config(tmp_path, {"rate": 0}), 18080, 1.0)
 
 
@@ -269,7 +269,7 @@ def test_ctrl_c_stops_an_unbounded_demo_that_openai_clients_used() -> None:
     try:
         assert proc.stdout is not None
         banner = ""
-        while "Try it from another terminal" not in banner:
+        while "Try it from another terminal" not in banner:  # the pids come first
             line = proc.stdout.readline()
             assert line, f"demo exited before it was up: {banner}"
             banner += line
@@ -300,4 +300,23 @@ def test_ctrl_c_stops_an_unbounded_demo_that_openai_clients_used() -> None:
     assert proc.returncode == 0, rest[-3000:]
     assert _summary(rest) == {"sent": 0, "ok": 0, "rejected": 0, "failed": 0, "unfinished": 0, "skipped": 0}
     assert "stopped 4 processes: " in rest and "killed" not in rest
+    assert [name for name, pid in pids.items() if _alive(pid)] == []
+
+
+@pytest.mark.timeout(120)
+def test_a_backend_that_fails_to_start_is_reported_and_the_others_are_stopped(tmp_path: Path) -> None:
+    config = _write_config(tmp_path, {"sim_args": {"offline": ["--bogus-flag"]}})
+    proc = subprocess.run(
+        _demo("--duration", "5", "--config", str(config)),
+        capture_output=True,
+        text=True,
+        timeout=110,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "omnigate demo: offline-0 exited with code 2:" in proc.stderr
+    assert "unrecognized arguments: --bogus-flag" in proc.stderr
+    pids = _pids(proc.stdout)
+    assert sorted(pids) == ["interactive-0", "interactive-1", "offline-0"]  # the gateway never started
+    assert "stopped 3 processes: " in proc.stdout
     assert [name for name, pid in pids.items() if _alive(pid)] == []
