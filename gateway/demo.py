@@ -30,10 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gateway.config import ConfigError, parse_config
 from gateway.demo_view import (
     BackendView,
-    GatewayView,
     Snapshot,
-    apply_admin_state,
-    parse_gateway_metrics,
+    observe,
     plain_line,
     render,
     summary_line,
@@ -43,7 +41,6 @@ from loadtest.client import send
 from loadtest.http import HttpPool
 from loadtest.media import MediaCache
 from loadtest.records import RequestRecord
-from loadtest.scrape import parse_prometheus
 from loadtest.workload import RequestFactory, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -303,9 +300,11 @@ class Load:
                 task = asyncio.create_task(send(pool, req, rec, start, s.request_timeout_s))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-            if tasks and not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), s.drain_s)
+            stopper = asyncio.ensure_future(stop.wait())
+            deadline = time.perf_counter() + s.drain_s
+            while tasks and not stop.is_set() and (left := deadline - time.perf_counter()) > 0:
+                await asyncio.wait({*tasks, stopper}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
         finally:
             for t in list(tasks):
                 t.cancel()
@@ -313,35 +312,8 @@ class Load:
             await pool.aclose()
 
 
-# -- observation -----------------------------------------------------------------------------------------
-async def observe(client: httpx.AsyncClient, plan: Plan) -> tuple[GatewayView, list[BackendView]]:
-    """Scrape the gateway (/metrics, /admin/state) and every simulator's /metrics concurrently."""
-
-    async def get(url: str, headers: dict[str, str] | None = None) -> httpx.Response | None:
-        try:
-            r = await client.get(url, headers=headers, timeout=2.0)
-        except httpx.HTTPError:
-            return None
-        return r if r.status_code == 200 else None
-
-    auth = {"authorization": f"Bearer {plan.admin_token}"} if plan.admin_token else None
-    results = await asyncio.gather(
-        get(plan.base_url + "/metrics"),
-        get(plan.base_url + "/admin/state", auth),
-        *(get(s.url + "/metrics") for s in plan.sims),
-    )
-    gw_metrics, state, *sims = results
-    gateway = parse_gateway_metrics(gw_metrics.text) if gw_metrics is not None else GatewayView()
-    views = []
-    for spec, resp in zip(plan.sims, sims, strict=True):
-        v = BackendView(spec.name, spec.pool, spec.url, up=resp is not None)
-        if resp is not None:
-            m = parse_prometheus(resp.text)
-            v.kv_usage, v.running, v.queued = m.get("kv_usage"), m.get("running"), m.get("queued")
-        views.append(v)
-    if state is not None:
-        apply_admin_state(state.json(), gateway, views)
-    return gateway, views
+def backends_of(plan: Plan) -> list[BackendView]:
+    return [BackendView(s.name, s.pool, s.url) for s in plan.sims]
 
 
 def print_banner(plan: Plan) -> None:
@@ -407,9 +379,8 @@ async def _run_with(
     ]
     prewarm = asyncio.create_task(asyncio.to_thread(load.prewarm)) if load else None
     async with httpx.AsyncClient(trust_env=False) as client:
-        await asyncio.gather(
-            *(wait_ready(client, c, s.url + "/health", stop) for c, s in zip(sims, plan.sims, strict=True))
-        )
+        for child, spec in zip(sims, plan.sims, strict=True):  # they start in parallel; wait in turn
+            await wait_ready(client, child, spec.url + "/health", stop)
         if stop.is_set():
             return 0
         gw_argv = [py, "-m", "gateway.cli", "serve", "--config", str(config_path)]
@@ -437,7 +408,7 @@ async def _show(
         ctx = Live(refresh_per_second=2, redirect_stdout=False)
 
     async def snapshot(phase: str) -> Snapshot:
-        gateway, backends = await observe(client, plan)
+        gateway, backends = await observe(client, plan.base_url, plan.admin_token, backends_of(plan))
         records, skipped = (load.records, load.skipped) if load else ([], 0)
         elapsed = time.perf_counter() - start
         return Snapshot(

@@ -1,17 +1,19 @@
 """What `omnigate demo` shows: client-side stats from its own records, gateway and backend gauges.
 
-Pure functions from one `Snapshot` to a rich renderable (a terminal) or to one plain line (CI logs), so
-the view is tested without a terminal and the two outputs always agree. Latencies are the demo client's
-own measurements (send → first content chunk, vLLM's TPOT), in wall-clock milliseconds.
+`observe` scrapes; the rest are pure functions from one `Snapshot` to a rich renderable (a terminal) or
+to one plain line (CI logs), so the view is tested without a terminal and the two outputs always agree.
+Latencies are the demo client's own (send → first content chunk, vLLM's TPOT), in wall-clock ms.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from rich import box
 from rich.console import Group, RenderableType
@@ -20,6 +22,7 @@ from rich.text import Text
 
 from loadtest.metrics import percentile, tpot
 from loadtest.records import RequestRecord
+from loadtest.scrape import parse_prometheus
 
 THROUGHPUT_WINDOW_S = 10.0
 
@@ -92,6 +95,35 @@ def parse_gateway_metrics(text: str) -> GatewayView:
     return view
 
 
+async def observe(
+    client: httpx.AsyncClient, base_url: str, admin_token: str | None, backends: list[BackendView]
+) -> tuple[GatewayView, list[BackendView]]:
+    """Scrape the gateway (/metrics, /admin/state) and each backend's /metrics at once; fills `backends`."""
+
+    async def get(url: str, headers: dict[str, str] | None = None) -> httpx.Response | None:
+        try:
+            r = await client.get(url, headers=headers, timeout=2.0)
+        except httpx.HTTPError:
+            return None
+        return r if r.status_code == 200 else None
+
+    auth = {"authorization": f"Bearer {admin_token}"} if admin_token else None
+    gw_metrics, state, *scraped = await asyncio.gather(
+        get(base_url + "/metrics"),
+        get(base_url + "/admin/state", auth),
+        *(get(b.url + "/metrics") for b in backends),
+    )
+    gateway = parse_gateway_metrics(gw_metrics.text) if gw_metrics is not None else GatewayView()
+    for view, resp in zip(backends, scraped, strict=True):
+        view.up = resp is not None
+        if resp is not None:
+            m = parse_prometheus(resp.text)
+            view.kv_usage, view.running, view.queued = m.get("kv_usage"), m.get("running"), m.get("queued")
+    if state is not None:
+        apply_admin_state(state.json(), gateway, backends)
+    return gateway, backends
+
+
 def apply_admin_state(state: dict[str, Any], gateway: GatewayView, backends: list[BackendView]) -> None:
     """Fold /admin/state into the views; backends are matched by the gateway's id `<pool>-<index>`."""
     by_id = {b.name: b for b in backends}
@@ -137,9 +169,10 @@ def group_stats(records: Iterable[RequestRecord], elapsed: float) -> GroupStats:
     recent_reqs = recent_tokens = 0
     for r in records:
         st.sent += 1
-        if r.e2e is None:
+        outcome = _outcome(r)
+        if outcome == "unfinished":  # live, or cut when the demo stopped: shown as live, summed as unfinished
             st.in_flight += 1
-        elif r.ok:
+        elif outcome == "ok" and r.e2e is not None:
             st.ok += 1
             if r.ttft is not None:
                 ttfts.append(r.ttft * 1000)
@@ -148,7 +181,7 @@ def group_stats(records: Iterable[RequestRecord], elapsed: float) -> GroupStats:
             if r.sent + r.e2e >= elapsed - window:
                 recent_reqs += 1
                 recent_tokens += r.output_tokens
-        elif r.rejected:
+        elif outcome == "rejected":
             st.rejected += 1
         else:
             st.failed += 1

@@ -191,7 +191,7 @@ def _snapshot() -> Snapshot:
 
 def test_plain_line_reports_totals_per_class_latency_queue_and_kv() -> None:
     line = plain_line(_snapshot())
-    assert line.startswith("[demo     4 s load] sent=6 ok=2 rejected=1 failed=2 in_flight=1 req/s=0.5")
+    assert line.startswith("[demo     4 s load] sent=6 ok=2 rejected=1 failed=1 in_flight=2 req/s=0.5")
     assert "| interactive: ok=2 ttft_p99=100ms tpot_p99=100.0ms" in line
     assert "| offline: ok=0 ttft_p99=- tpot_p99=-" in line
     assert line.endswith("| gateway queued=5 rejected=3 | kv interactive-0=42%")
