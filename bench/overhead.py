@@ -168,6 +168,13 @@ def summary(results: Results, rate: float) -> list[str]:
                 f"{kind:6}: omnigate adds {added * 1000:.2f} ms p99 at {rate:g} req/s{vs}: "
                 f"{verdict} the < 2 ms target"
             )
+        for name in ("nginx", "omnigate"):
+            r = fixed[name]
+            if r and r["proxy_cpu"] >= 0.95:
+                lines.append(
+                    f"{kind:6}: {name} is saturated at {rate:g} req/s (CPU {r['proxy_cpu'] * 100:.0f} %): "
+                    "its fixed-rate latency is queueing, not per-request overhead"
+                )
         mo, mn = top["omnigate"], top["nginx"]
         if mo and mn and mn["rps"]:
             ratio = mo["rps"] / mn["rps"]
@@ -230,10 +237,12 @@ def run(args: argparse.Namespace) -> int:
                             poisson=not args.uniform,
                         )
                         r = results[(mode, kind, t.name)] = measure(lc, procs, t, load, args.warmup)
-                        print(
-                            format_row(mode, kind, t.name, r, results.get((mode, kind, "direct"))), flush=True
-                        )
+                        direct = results.get((mode, kind, "direct"))
+                        print(format_row(mode, kind, t.name, r, direct), flush=True)
             print()
+            for (mode, kind, name), r in results.items():
+                if r["errors"]:
+                    print(f"errors in {mode} {kind} {name}: {r['error_statuses']}")
             print("\n".join(summary(results, args.rate)))
             print()
             print(machine_note(load_before))
