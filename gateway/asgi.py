@@ -28,7 +28,10 @@ def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
 
 
 class RequestIdMiddleware:
-    """Give every response an `x-request-id` and log one JSON line per request (no secrets, no prompts)."""
+    """Give every response an `x-request-id` and log one JSON line per request (no secrets, no prompts).
+
+    Completion routes log their own richer line (gateway/observability/accesslog.py) and mark it done.
+    """
 
     def __init__(self, app: ASGIApp, enabled_log: bool = True) -> None:
         self.app = app
@@ -58,7 +61,7 @@ class RequestIdMiddleware:
             route = scope.get("route")
             path = getattr(route, "path", "unmatched")
             metrics.REQUEST_DURATION.labels(path, str(status)).observe(duration)
-            if self.enabled_log:
+            if self.enabled_log and not scope["state"].get("access_logged"):
                 record: dict[str, Any] = {
                     "ts": round(time.time(), 3),
                     "request_id": rid,
@@ -67,9 +70,6 @@ class RequestIdMiddleware:
                     "status": status,
                     "duration_ms": round(duration * 1000, 2),
                 }
-                extra = scope["state"].get("access")
-                if extra:
-                    record.update(extra)
                 access_log.info(orjson.dumps(record).decode())
 
 

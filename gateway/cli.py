@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -103,16 +102,6 @@ def cmd_policy_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _delegate(module: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        import importlib
-
-        main = importlib.import_module(module).main
-        return int(main(args.rest) or 0)
-
-    return run
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnigate", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -135,20 +124,26 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("--output", "-o")
     schema.set_defaults(func=cmd_policy_schema)
 
-    for name, module, text in (
-        ("sim", "loadtest.sim.cli", "run a simulated SGLang (Omni) backend"),
-        ("demo", "gateway.demo", "simulated backends + gateway + live view"),
-        ("loadtest", "loadtest.cli", "the validation harness: run | sweep | compare | validate-seed"),
-        ("tenants", "gateway.tenants.cli", "manage tenants, keys and usage via the admin API"),
-        ("alerts", "gateway.observability.cli", "alerting tools: test"),
-    ):
-        p = sub.add_parser(name, help=text, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=_delegate(module))
+    for name, (_module, text) in DELEGATED.items():
+        sub.add_parser(name, help=text, add_help=False)  # listed in `omnigate -h`; main() hands them over
     return parser
 
 
+DELEGATED = {
+    "sim": ("loadtest.sim.cli", "run a simulated SGLang (Omni) backend"),
+    "demo": ("gateway.demo", "simulated backends + gateway + live view"),
+    "loadtest": ("loadtest.cli", "the validation harness: run | sweep | compare | validate-seed"),
+    "tenants": ("gateway.tenants.cli", "manage tenants, keys and usage via the admin API"),
+    "alerts": ("gateway.observability.cli", "alerting tools: test"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DELEGATED:  # their own parsers take every argument after the command name
+        import importlib
+
+        return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

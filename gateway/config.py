@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.observability.settings import AlertsConfig
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -58,6 +60,7 @@ class StoreConfig(_Strict):
     kind: Literal["memory", "sqlite", "redis"] = "sqlite"
     path: str = "var/omnigate.sqlite3"
     redis_url: str | None = None
+    redis_prefix: str = "omnigate:"
     redis_failure: Literal["open", "closed"] = "open"
 
 
@@ -70,19 +73,20 @@ class LimitsConfig(_Strict):
 
 
 class GatewayConfig(_Strict):
-    listen: Listen = Field(default_factory=Listen)
+    listen: Listen = Field(default_factory=lambda: Listen())
     policy_path: str = "policies/default.yaml"
     watch_policy: bool = True
-    admin: AdminConfig = Field(default_factory=AdminConfig)
-    auth: AuthConfig = Field(default_factory=AuthConfig)
-    store: StoreConfig = Field(default_factory=StoreConfig)
-    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    admin: AdminConfig = Field(default_factory=lambda: AdminConfig())
+    auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
+    store: StoreConfig = Field(default_factory=lambda: StoreConfig())
+    limits: LimitsConfig = Field(default_factory=lambda: LimitsConfig())
     pools: list[PoolConfig] = Field(min_length=1)
-    alerts: dict[str, Any] = Field(default_factory=dict)
+    alerts: AlertsConfig = Field(default_factory=lambda: AlertsConfig())
     tenants: list[dict[str, Any]] = Field(
         default_factory=list, description="Tenants (and keys) created at start if missing: demos, tests."
     )
     access_log: bool = True
+    access_log_sample_rate: float = Field(1.0, ge=0, le=1, description="Share of successful requests logged.")
 
     @model_validator(mode="after")
     def _unique_pools(self) -> GatewayConfig:

@@ -8,7 +8,6 @@ line; the `finally` releases whatever the request held.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -18,16 +17,18 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.asgi import send_error, send_json
 from gateway.errors import ApiError
-from gateway.observability import metrics
+from gateway.observability import metrics, record
+from gateway.observability.record import latencies
 from gateway.openai_api import Endpoint, ParsedRequest, parse_request, read_body, upstream_error
 from gateway.proxy import OpenUpstream, UpstreamError, open_upstream
 from gateway.sse import SSERelay, error_event
 from gateway.ticket import Ticket, Usage
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.admission.scheduler import Lease
     from gateway.backends.pool import Pool
-    from gateway.backends.select import Lease
+    from gateway.replica import Gateway
+    from gateway.tenants.service import Reservation
 
 log = logging.getLogger("omnigate.pipeline")
 
@@ -41,10 +42,11 @@ _SSE_HEADERS = [
 class Exchange:
     """One client exchange: tracks whether headers went out and whether the client left."""
 
-    __slots__ = ("complete", "disconnected", "send", "started")
+    __slots__ = ("complete", "disconnected", "send", "started", "status")
 
     def __init__(self, send: Send) -> None:
         self.send = send
+        self.status = 0
         self.started = False
         self.complete = False
         self.disconnected = False
@@ -75,26 +77,17 @@ class CompletionEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         ex = Exchange(send)
-        ticket: Ticket | None = None
+        ticket = Ticket(id=scope["state"]["request_id"], model="", stream=False, arrival=self.gw.clock())
+        reservation: Reservation | None = None
         policy = self.gw.policy.current  # this request keeps this policy object to the end
+        error: str | None = None
         try:
+            tenant = await self.gw.authenticate(request)
+            ticket.tenant = tenant.id
             raw = await read_body(request, self.gw.config.limits.max_body_bytes)
             parsed = parse_request(raw, self.endpoint)
-            ticket = Ticket(
-                id=scope["state"]["request_id"],
-                model=parsed.model,
-                stream=parsed.stream,
-                arrival=time.monotonic(),
-            )
-            scope["state"]["access"] = access = {"model": parsed.model, "stream": parsed.stream}
-            pool = await self.gw.admit(ticket, parsed, request, policy)
-            access.update(
-                pool=ticket.pool,
-                traffic_class=ticket.traffic_class,
-                tenant=ticket.tenant,
-                bucket=ticket.bucket,
-                priority=ticket.priority,
-            )
+            ticket.model, ticket.stream = parsed.model, parsed.stream
+            pool, reservation = await self.gw.admit(ticket, parsed, request, policy, tenant)
             failure: Exception | None = None
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ex.watch_disconnect, receive, tg.cancel_scope)
@@ -106,23 +99,24 @@ class CompletionEndpoint:
             if failure is not None:
                 raise failure
         except ApiError as e:
-            if ticket is not None:
+            error = e.message
+            if ticket.outcome == "pending":
                 ticket.outcome = "rejected" if e.status in (429, 503) else "client_error"
-                ticket.error_code = e.code
+            ticket.error_code = e.code
             if not ex.started and not ex.disconnected:
+                ex.status = e.status
                 await send_error(send, e)
         except Exception:
-            log.exception("request %s failed", scope["state"].get("request_id"))
-            if ticket is not None:
-                ticket.outcome = "internal_error"
+            log.exception("request %s failed", ticket.id)
+            ticket.outcome, error = "internal_error", "internal gateway error"
             if not ex.started and not ex.disconnected:
+                ex.status = 500
                 await send_error(send, ApiError(500, "Internal gateway error.", code="internal_error"))
         finally:
-            if ticket is not None:
-                if ex.disconnected and ticket.outcome in ("pending", "ok"):
-                    ticket.outcome = "cancelled"
-                self.gw.finish(ticket)
-                scope["state"].setdefault("access", {}).update(self.gw.access_fields(ticket))
+            if ex.disconnected and ticket.outcome in ("pending", "ok"):
+                ticket.outcome = "cancelled"
+            scope["state"]["access_logged"] = self.gw.access is not None
+            await self.gw.finish(ticket, reservation, ex.status, error)
 
     async def _serve(
         self, ex: Exchange, ticket: Ticket, parsed: ParsedRequest, pool: Pool, policy: Any
@@ -142,23 +136,35 @@ class CompletionEndpoint:
                 await self._send_whole(ex, ticket, upstream)
         finally:
             await upstream.aclose()
-            self.gw.release(ticket, lease)
+            self._release(ticket, lease)
+
+    def _release(self, ticket: Ticket, lease: Lease) -> None:
+        """Return the backend's budgets; the lease feeds the controller and the prefill-rate estimate."""
+        lat = latencies(ticket)
+        ttft_dispatch = None
+        if ticket.first_token_at is not None and ticket.dispatched_at is not None:
+            ttft_dispatch = ticket.first_token_at - ticket.dispatched_at
+        lease.release(
+            ticket.usage, "ok" if ticket.outcome == "ok" else ticket.outcome, ttft_dispatch, lat.tpot
+        )
 
     async def _open(
         self, ticket: Ticket, pool: Pool, payload: bytes, headers: dict[str, str], policy: Any
     ) -> tuple[OpenUpstream, Lease]:
         pool_policy = policy.pool(pool.name)
         exclude: set[str] = set()
-        dispatcher = self.gw.dispatchers[pool.name]
+        scheduler = self.gw.schedulers[pool.name]
         while True:
-            lease = await dispatcher.acquire(ticket, exclude=exclude)
+            lease = await scheduler.acquire(ticket, exclude=exclude)
             backend = lease.backend
-            ticket.backend = pool.backend_id(backend)
-            ticket.dispatched_at = time.monotonic()
-            assert pool.client is not None
+            owner = self.gw.pools[backend.pool]  # differs from `pool` when an idle backend is lent
+            ticket.backend = owner.backend_id(backend)
+            ticket.dispatched_at = self.gw.clock()
+            record.record_dispatch(ticket)
+            assert owner.client is not None
             try:
                 upstream = await open_upstream(
-                    pool.client,
+                    owner.client,
                     backend.url + self.path,
                     payload,
                     headers,
@@ -166,10 +172,10 @@ class CompletionEndpoint:
                     stream=ticket.stream,
                 )
             except UpstreamError as e:
-                lease.release(None, "upstream_error")
+                lease.release(Usage(0, 0), "overloaded" if e.status in (429, 503) else "error")
                 metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend, e.phase).inc()
                 if e.phase != "status" or e.status >= 500:
-                    pool.record_failure(backend)
+                    owner.record_failure(backend)
                 exclude.add(backend.url)
                 if (
                     e.retryable
@@ -189,9 +195,9 @@ class CompletionEndpoint:
                     raise upstream_error(e.status, e.body) from None
                 raise ApiError(e.status, e.message, code=f"backend_{e.phase}") from None
             except BaseException:
-                lease.release(None, "cancelled")
+                lease.release(Usage(0, 0), "cancelled")
                 raise
-            pool.record_success(backend)
+            owner.record_success(backend)
             return upstream, lease
 
     def _response_headers(self, ticket: Ticket) -> list[tuple[bytes, bytes]]:
@@ -199,7 +205,7 @@ class CompletionEndpoint:
 
     async def _send_whole(self, ex: Exchange, ticket: Ticket, upstream: OpenUpstream) -> None:
         body = upstream.first
-        now = time.monotonic()
+        now = self.gw.clock()
         ticket.first_token_at = ticket.finished_at = now
         try:
             usage = orjson.loads(body).get("usage")
@@ -211,6 +217,7 @@ class CompletionEndpoint:
             )
         ticket.outcome = "ok"
         ex.started = ex.complete = True
+        ex.status = 200
         await send_json(ex.send, 200, body, self.gw.client_headers(ticket))
 
     async def _relay_stream(
@@ -226,6 +233,7 @@ class CompletionEndpoint:
         relay = SSERelay(strip_usage)
         send = ex.send
         ex.started = True
+        ex.status = 200
         await send(
             {
                 "type": "http.response.start",
@@ -236,7 +244,7 @@ class CompletionEndpoint:
         chunk: bytes | None = upstream.first
         try:
             while chunk is not None:
-                out = relay.feed(chunk, time.monotonic())
+                out = relay.feed(chunk, self.gw.clock())
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                 chunk = await upstream.next_chunk(timeouts)
@@ -251,7 +259,7 @@ class CompletionEndpoint:
         except UpstreamError as e:
             ticket.outcome = "timeout" if e.status == 504 else "upstream_error"
             metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", e.phase).inc()
-            pool.record_failure(lease.backend)
+            self.gw.pools[lease.backend.pool].record_failure(lease.backend)
             await send(
                 {
                     "type": "http.response.body",
@@ -262,7 +270,7 @@ class CompletionEndpoint:
         finally:
             ticket.first_token_at = relay.first_token_at
             ticket.last_token_at = relay.last_token_at
-            ticket.finished_at = time.monotonic()
+            ticket.finished_at = self.gw.clock()
             if relay.usage is not None:
                 ticket.usage = Usage(
                     int(relay.usage.get("prompt_tokens") or 0), int(relay.usage.get("completion_tokens") or 0)

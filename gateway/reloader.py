@@ -6,6 +6,7 @@ Requests read the policy once at arrival and keep that object, so a swap never c
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,12 @@ class PolicyHolder:
         )
         self.last_error: str | None = None
         self._lock = anyio.Lock()
+        self._preparers: list[Callable[[Policy], Callable[[], None]]] = []
+
+    def add_preparer(self, prepare: Callable[[Policy], Callable[[], None]]) -> None:
+        """Register a stage that builds its state from a candidate policy (raising ValueError if it cannot)
+        and returns the commit that installs it; commits run only once every stage has prepared."""
+        self._preparers.append(prepare)
 
     def __call__(self) -> Policy:
         return self.current
@@ -45,7 +52,8 @@ class PolicyHolder:
                 return ReloadResult("unchanged", [])
             try:
                 new = load_policy(self.path)
-            except PolicyError as e:
+                commits = [prepare(new) for prepare in self._preparers]
+            except (PolicyError, ValueError) as e:
                 self.last_error = str(e)
                 metrics.POLICY_RELOADS.labels("invalid").inc()
                 log.error("policy reload refused, keeping the running policy: %s", e)
@@ -55,6 +63,8 @@ class PolicyHolder:
             if not changes:
                 metrics.POLICY_RELOADS.labels("unchanged").inc()
                 return ReloadResult("unchanged", [])
+            for commit in commits:
+                commit()
             self.current = new
             metrics.POLICY_RELOADS.labels("applied").inc()
             log.info("policy reloaded from %s: %s", self.path, "; ".join(changes))
@@ -68,7 +78,8 @@ class PolicyHolder:
         """
         if self.path is None:
             return
-        async for _changes in awatch(self.path.parent, debounce=200, step=50):
+        # rust_timeout bounds how long the watcher thread blocks, so shutdown is not held up for seconds
+        async for _changes in awatch(self.path.parent, debounce=200, step=50, rust_timeout=500):
             await self.reload()
 
     async def watch_sighup(self) -> None:

@@ -14,7 +14,6 @@ from gateway.backends import circuit
 from gateway.backends.scrape import apply_metrics_text, apply_server_info
 from gateway.backends.state import BackendState
 from gateway.config import PoolConfig
-from gateway.observability import metrics
 from gateway.policy import Policy
 
 log = logging.getLogger("omnigate.backends")
@@ -64,7 +63,6 @@ class Pool:
 
     def record_failure(self, state: BackendState) -> None:
         circuit.record_failure(state, self._clock())
-        self._export(state)
 
     async def monitor(self) -> None:
         """Health-check and scrape every backend forever (cancelled at shutdown)."""
@@ -88,7 +86,6 @@ class Pool:
         state.healthy = healthy
         if healthy:
             await self._scrape(state)
-        self._export(state)
 
     async def _scrape(self, state: BackendState) -> None:
         assert self._probe is not None
@@ -103,6 +100,3 @@ class Pool:
                 state.last_scrape = self._clock()
         except (httpx.HTTPError, orjson.JSONDecodeError, ValueError) as e:
             log.debug("scrape of %s failed: %s", self.backend_id(state), e)
-
-    def _export(self, state: BackendState) -> None:
-        metrics.BACKEND_UP.labels(self.name, self.backend_id(state)).set(1 if state.available else 0)

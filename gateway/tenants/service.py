@@ -76,7 +76,7 @@ def build_store(config: StoreConfig, clock: Callable[[], float] = time.time) -> 
         raise ValueError("store.redis_url is required when store.kind is redis")
     from gateway.tenants.redis_store import RedisStore
 
-    return RedisStore(config.redis_url, clock=clock)
+    return RedisStore(config.redis_url, config.redis_prefix, clock=clock)
 
 
 def parse_bootstrap(entries: list[dict[str, Any]]) -> list[BootstrapTenant]:

@@ -72,14 +72,20 @@ def test_client_disconnect_cancels_upstream_within_a_second(start_backend, start
 
     def active() -> int:
         state = httpx.get(f"{gw.url}/admin/state", headers={"authorization": f"Bearer {ADMIN}"}).json()
-        return state["pools"]["interactive"][0]["active"]
+        return state["pools"]["interactive"]["backends"][0]["active"]
 
     assert wait_for(lambda: active() == 0)
 
 
+def _first_choice_and_other(start_backend):
+    """Two backends ordered as the dispatcher breaks ties among idle ones (by URL)."""
+    a, b = start_backend(), start_backend()
+    return (a, b) if a.url < b.url else (b, a)
+
+
 def test_retry_before_first_byte_on_5xx(start_backend, start_gateway):
-    bad = start_backend(fail_status=500)
-    good = start_backend()
+    bad, good = _first_choice_and_other(start_backend)
+    bad.behaviour.fail_status = 500
     gw = start_gateway([bad.url, good.url])
     resp = _post(gw.url, {**CHAT, "stream": True}, rid="retry-1")
     assert resp.status_code == 200
@@ -91,8 +97,7 @@ def test_retry_before_first_byte_on_5xx(start_backend, start_gateway):
 
 
 def test_retry_on_refused_connection(start_backend, start_gateway, stack):
-    first = start_backend()
-    good = start_backend()
+    first, good = _first_choice_and_other(start_backend)
     gw = start_gateway([first.url, good.url])
     first.server.stop()  # still marked healthy until the next health check
     resp = _post(gw.url, CHAT, rid="refused-1")
@@ -113,8 +118,8 @@ def test_all_backends_failing_maps_to_openai_error(start_backend, start_gateway)
 
 
 def test_backend_client_error_is_not_retried(start_backend, start_gateway):
-    a = start_backend(fail_status=400)
-    b = start_backend()
+    a, b = _first_choice_and_other(start_backend)
+    a.behaviour.fail_status = 400
     gw = start_gateway([a.url, b.url])
     resp = _post(gw.url, CHAT)
     assert resp.status_code == 400
