@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gateway.estimate import imagehead
 from gateway.estimate.audio import audio_tokens, clip_seconds
-from gateway.estimate.blob import Blob, parse_source
+from gateway.estimate.blob import Blob, MediaError, parse_source
 from gateway.estimate.imagehead import HeaderError
 from gateway.estimate.settings import EstimationPolicy, ModelProfile
 from gateway.estimate.vision import image_tokens, video_tokens
@@ -49,6 +49,8 @@ def price_image(
         w, h = policy.remote_image_low_detail_size if detail == "low" else policy.remote_image_default_size
         return image_tokens(profile, w, h), True
     w, h = image_size(source.blob)
+    if w * h > policy.max_image_pixels:
+        raise MediaError(f"{w}x{h} exceeds the {policy.max_image_pixels}-pixel limit")
     return image_tokens(profile, w, h), False
 
 

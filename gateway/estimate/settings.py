@@ -92,6 +92,11 @@ class ModelProfile(_Strict):
 class EstimationPolicy(_Strict):
     models: list[ModelProfile] = Field(default_factory=lambda: [ModelProfile()])
     max_images_per_request: int = Field(default=32, ge=0)
+    max_image_pixels: int = Field(
+        default=178_956_970,
+        gt=0,
+        description="Larger declared images get 400: Pillow's decompression-bomb limit, which SGLang hits.",
+    )
     max_audios_per_request: int = Field(default=8, ge=0)
     max_videos_per_request: int = Field(default=2, ge=0)
     remote_image_default_size: tuple[int, int] = Field(

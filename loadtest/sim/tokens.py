@@ -92,7 +92,7 @@ def image_size(data: bytes) -> tuple[int, int]:
     try:
         with Image.open(io.BytesIO(data)) as img:
             width, height = img.size
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         raise PromptError(f"Failed to load image: {exc}") from exc
     return height, width
 
