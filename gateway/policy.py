@@ -128,6 +128,8 @@ def diff_policies(old: Policy | dict[str, Any], new: Policy | dict[str, Any]) ->
     b = _flatten(new.model_dump(mode="json") if isinstance(new, Policy) else new)
     lines = []
     for key in sorted(set(a) | set(b)):
+        if (a.get(key, b.get(key)) == {}) and any(k.startswith(key + ".") for k in (*a, *b)):
+            continue  # an empty mapping that gained (or lost) entries: the entries' own lines say it
         if key not in a:
             lines.append(f"+ {key}: {orjson.dumps(b[key]).decode()}")
         elif key not in b:
