@@ -156,7 +156,8 @@ def upstream_error(status: int, raw: bytes) -> ApiError:
     except orjson.JSONDecodeError:
         data = None
     if isinstance(data, dict):
-        inner = data.get("error") if isinstance(data.get("error"), dict) else data
+        nested = data.get("error")
+        inner: dict[str, Any] = nested if isinstance(nested, dict) else data
         message = inner.get("message") or inner.get("detail")
         code = inner.get("code")
         err_type = inner.get("type")

@@ -17,8 +17,15 @@ POOLS = [{"name": "p", "models": ["m"], "backends": ["http://127.0.0.1:1"]}]
 
 
 def test_env_overrides_nested_fields():
-    cfg = parse_config({"pools": POOLS}, environ={"OMNIGATE_LISTEN__PORT": "9123", "OMNIGATE_ADMIN__TOKEN": "t",
-                                                  "OMNIGATE_STORE__KIND": "redis", "OTHER": "x"})
+    cfg = parse_config(
+        {"pools": POOLS},
+        environ={
+            "OMNIGATE_LISTEN__PORT": "9123",
+            "OMNIGATE_ADMIN__TOKEN": "t",
+            "OMNIGATE_STORE__KIND": "redis",
+            "OTHER": "x",
+        },
+    )
     assert cfg.listen.port == 9123
     assert cfg.admin.resolve_token() == "t"
     assert cfg.store.kind == "redis"
@@ -28,9 +35,14 @@ def test_env_overrides_nested_fields():
     ("data", "message"),
     [
         ({}, "pools: Field required"),
-        ({"pools": [{"name": "p", "models": ["m"], "backends": ["ftp://x"]}]},
-         "pools.0.backends: Value error, backend URL must start with http:// or https://: 'ftp://x'"),
-        ({"pools": POOLS, "listen": {"port": 70000}}, "listen.port: Input should be less than or equal to 65535"),
+        (
+            {"pools": [{"name": "p", "models": ["m"], "backends": ["ftp://x"]}]},
+            "pools.0.backends: Value error, backend URL must start with http:// or https://: 'ftp://x'",
+        ),
+        (
+            {"pools": POOLS, "listen": {"port": 70000}},
+            "listen.port: Input should be less than or equal to 65535",
+        ),
         ({"pools": POOLS + POOLS}, "duplicate pool names: ['p']"),
         ({"pools": POOLS, "colour": "blue"}, "colour: Extra inputs are not permitted"),
     ],
@@ -54,8 +66,12 @@ def test_shipped_configs_are_valid():
 def test_serve_with_bad_config_exits_2_with_one_message(tmp_path):
     bad = tmp_path / "gw.yaml"
     bad.write_text("pools: [{name: p, models: [m], backends: [nope]}]\n")
-    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(bad)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"omnigate: {bad}: pools.0.backends: Value error, backend URL must start with http:// or https://: 'nope'"
@@ -73,11 +89,14 @@ def test_policy_check_reports_errors_and_diffs(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("budgets: {kv_watermark: 1.5}\n")
     assert main(["policy", "check", str(bad)]) == 1
-    assert capsys.readouterr().out.startswith(f"INVALID {bad}: budgets.kv_watermark: Input should be less than")
+    assert capsys.readouterr().out.startswith(
+        f"INVALID {bad}: budgets.kv_watermark: Input should be less than"
+    )
 
 
-def test_policy_check_diffs_against_the_running_gateway(start_backend, start_gateway, policy_file, tmp_path,
-                                                        capsys):
+def test_policy_check_diffs_against_the_running_gateway(
+    start_backend, start_gateway, policy_file, tmp_path, capsys
+):
     gw = start_gateway([start_backend().url], watch_policy=False)
     candidate = tmp_path / "c.yaml"
     candidate.write_text(policy_file.read_text().replace("first_byte: 5.0", "first_byte: 9.0"))
@@ -92,5 +111,15 @@ def test_policy_schema_is_json_schema(tmp_path):
     assert main(["policy", "schema", "-o", str(out)]) == 0
     schema = orjson.loads(out.read_bytes())
     assert schema["title"] == "omnigate policy"
-    assert {"pool_defaults", "queue", "budgets", "window", "controller", "estimation", "buckets",
-            "tenant_defaults", "alerts", "fairness"} <= set(schema["properties"])
+    assert {
+        "pool_defaults",
+        "queue",
+        "budgets",
+        "window",
+        "controller",
+        "estimation",
+        "buckets",
+        "tenant_defaults",
+        "alerts",
+        "fairness",
+    } <= set(schema["properties"])
