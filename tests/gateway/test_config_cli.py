@@ -1,4 +1,4 @@
-"""Config fails fast naming the field; env overrides; `omnigate policy check|schema`; `omnigate serve` errors."""
+"""Config fails fast naming the field; env overrides; `omnigate policy check|schema`; serve errors."""
 
 from __future__ import annotations
 
@@ -74,7 +74,8 @@ def test_serve_with_bad_config_exits_2_with_one_message(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"omnigate: {bad}: pools.0.backends: Value error, backend URL must start with http:// or https://: 'nope'"
+        f"omnigate: {bad}: pools.0.backends: Value error, "
+        "backend URL must start with http:// or https://: 'nope'"
     ]
 
 
