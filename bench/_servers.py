@@ -253,7 +253,14 @@ class Procs:
         self.workdir = workdir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, argv: list[str], *, capture_stdout: bool = False) -> subprocess.Popen[bytes]:
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        capture_stdout: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
             argv,
@@ -263,7 +270,7 @@ class Procs:
             start_new_session=True,
             preexec_fn=die_with_parent,
             cwd=self.workdir,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         log.close()
         self.procs[name] = proc
@@ -337,11 +344,18 @@ queue:
 
 
 def start_omnigate(
-    procs: Procs, name: str, backend_port: int, *, access_log: bool, policy: str = PASS_THROUGH_POLICY
+    procs: Procs,
+    name: str,
+    backend_port: int,
+    *,
+    access_log: bool,
+    policy: str = PASS_THROUGH_POLICY,
+    src: Path | None = None,
 ) -> int:
     """Generate a one-pool config + policy in the work dir and run `omnigate serve` on it.
 
     Without the access log the process also runs at log level warning, so nothing is logged per request.
+    `src`: run the `gateway` package of that source tree instead (e.g. an older commit, for before/after).
     """
     port = free_port()
     policy_path = procs.workdir / f"{name}-policy.yaml"
@@ -359,9 +373,10 @@ def start_omnigate(
     path = procs.workdir / f"{name}.yaml"
     path.write_bytes(orjson.dumps(config))  # JSON is YAML
     exe = ROOT / ".venv" / "bin" / "omnigate"
-    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
+    argv = [str(exe)] if exe.exists() and src is None else [sys.executable, "-m", "gateway.cli"]
+    env = {"PYTHONPATH": str(src.resolve())} if src is not None else None
     level = "info" if access_log else "warning"
-    procs.start(name, [*argv, "serve", "--config", str(path), "--log-level", level])
+    procs.start(name, [*argv, "serve", "--config", str(path), "--log-level", level], env=env)
     wait_http(port, "/readyz", 60, procs, name)
     return port
 

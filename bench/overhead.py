@@ -72,7 +72,7 @@ def _request(port: int, kind: str) -> bytes:
     return http_request(port, PATH, orjson.dumps(body))
 
 
-def start_targets(procs: Procs, log_row: bool, policy: str) -> list[Target]:
+def start_targets(procs: Procs, log_row: bool, policy: str, baseline: Path | None) -> list[Target]:
     backend = start_backend(procs)
     targets = [Target("direct", backend, "backend")]
     nginx = start_nginx(procs, backend)
@@ -80,11 +80,13 @@ def start_targets(procs: Procs, log_row: bool, policy: str) -> list[Target]:
         print("nginx not found (apt-get install -y nginx): measuring without it.", file=sys.stderr)
     else:
         targets.append(Target("nginx", nginx, "nginx"))
-    targets.append(
-        Target("omnigate", start_omnigate(procs, "omnigate", backend, access_log=False), "omnigate")
-    )
+    if baseline is not None:
+        port = start_omnigate(procs, "omnigate-base", backend, access_log=False, policy=policy, src=baseline)
+        targets.append(Target("omnigate@base", port, "omnigate-base"))
+    port = start_omnigate(procs, "omnigate", backend, access_log=False, policy=policy)
+    targets.append(Target("omnigate", port, "omnigate"))
     if log_row:
-        port = start_omnigate(procs, "omnigate-log", backend, access_log=True)
+        port = start_omnigate(procs, "omnigate-log", backend, access_log=True, policy=policy)
         targets.append(Target("omnigate+log", port, "omnigate-log"))
     return targets
 
@@ -209,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
         lc: LoadClient | None = None
         try:
             policy = Path(args.policy).read_text() if args.policy else PASS_THROUGH_POLICY
-            targets = start_targets(procs, not args.no_log_row, policy)
+            baseline = Path(args.baseline_src) if args.baseline_src else None
+            targets = start_targets(procs, not args.no_log_row, policy, baseline)
             lc = LoadClient()
             problems = check_bodies(lc, targets)
             for p in problems:
@@ -270,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-log-row", action="store_true", help="skip omnigate with its access log on")
     parser.add_argument(
         "--policy", help="policy file for omnigate (default: admission stages that never hold or shed)"
+    )
+    parser.add_argument(
+        "--baseline-src",
+        help="also measure omnigate from this source tree (row omnigate@base), e.g. "
+        "`git worktree add /tmp/base HEAD~3`: before/after under the same conditions",
     )
     args = parser.parse_args(argv)
     if min(args.duration, args.rate, args.concurrency, args.open_connections) <= 0 or args.warmup < 0:
