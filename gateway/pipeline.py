@@ -135,7 +135,7 @@ class CompletionEndpoint:
             else:
                 await self._send_whole(ex, ticket, upstream)
         finally:
-            await upstream.aclose()
+            upstream.close()
             self._release(ticket, lease)
 
     def _release(self, ticket: Ticket, lease: Lease) -> None:
@@ -241,13 +241,19 @@ class CompletionEndpoint:
                 "headers": _SSE_HEADERS + self._response_headers(ticket),
             }
         )
-        chunk: bytes | None = upstream.first
+        clock = self.gw.clock
         try:
-            while chunk is not None:
-                out = relay.feed(chunk, self.gw.clock())
+            with upstream.guard(timeouts) as dog:
+                out = relay.feed(upstream.first, clock())
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
-                chunk = await upstream.next_chunk(timeouts)
+                dog.touch()
+                async for chunk in upstream.chunks():
+                    dog.touch()
+                    out = relay.feed(chunk, clock())
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    dog.touch()
             tail = relay.flush()
             if not relay.done:
                 ticket.outcome = "upstream_error"

@@ -1,4 +1,4 @@
-"""A pool of SGLang backends: one shared httpx client, live backend state, health checks and scrapes."""
+"""A pool of SGLang backends: one shared aiohttp session, live backend state, health checks and scrapes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import logging
 import time
 from collections.abc import Callable
 
+import aiohttp
 import anyio
-import httpx
 import orjson
 
 from gateway.backends import circuit
@@ -17,6 +17,11 @@ from gateway.config import PoolConfig
 from gateway.policy import Policy
 
 log = logging.getLogger("omnigate.backends")
+
+# Idle upstream connections close after this; below uvicorn's (SGLang's server) 5 s default so the gateway
+# never sends a request on a connection the backend is closing.
+KEEPALIVE_S = 4.0
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 
 
 class Pool:
@@ -31,29 +36,22 @@ class Pool:
         self._clock = clock
         self.backends = [BackendState(url=url, pool=config.name) for url in config.backends]
         self.backend_ids = {b.url: f"{config.name}-{i}" for i, b in enumerate(self.backends)}
-        self.client: httpx.AsyncClient | None = None
-        self._probe: httpx.AsyncClient | None = None
+        self.client: aiohttp.ClientSession | None = None
+        self._probe: aiohttp.ClientSession | None = None
 
     def backend_id(self, state: BackendState) -> str:
         """A stable short name for a backend, safe to show clients and use as a metric label."""
         return self.backend_ids[state.url]
 
-    def timeouts(self) -> httpx.Timeout:
-        t = self._policy().pool(self.name).timeouts
-        # read=None: first-byte and idle-gap deadlines are enforced by the relay itself.
-        return httpx.Timeout(connect=t.connect, read=None, write=t.connect, pool=t.first_byte)
-
     async def start(self) -> None:
-        limits = httpx.Limits(
-            max_connections=self.config.max_connections, max_keepalive_connections=self.config.max_keepalive
-        )
-        self.client = httpx.AsyncClient(limits=limits, timeout=self.timeouts(), trust_env=False)
-        self._probe = httpx.AsyncClient(timeout=httpx.Timeout(2.0), trust_env=False)
+        """Open the sessions; timeouts come per request from the live policy (gateway/proxy.py)."""
+        self.client = _session(self.config.max_connections)
+        self._probe = _session(len(self.backends) * 2)
 
     async def close(self) -> None:
         for c in (self.client, self._probe):
             if c is not None:
-                await c.aclose()
+                await c.close()
 
     def ready(self) -> bool:
         return any(b.available for b in self.backends)
@@ -77,9 +75,9 @@ class Pool:
         now = self._clock()
         circuit.refresh(state, now)
         try:
-            resp = await self._probe.get(state.url + "/health")
-            healthy = resp.status_code == 200
-        except httpx.HTTPError:
+            async with self._probe.get(state.url + "/health", timeout=PROBE_TIMEOUT) as resp:
+                healthy = resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
             healthy = False
         if healthy != state.healthy:
             log.warning("backend %s %s", self.backend_id(state), "healthy" if healthy else "unhealthy")
@@ -91,12 +89,24 @@ class Pool:
         assert self._probe is not None
         try:
             if state.max_total_tokens is None:
-                info = await self._probe.get(state.url + "/get_server_info")
-                if info.status_code == 200:
-                    apply_server_info(state, orjson.loads(info.content))
-            resp = await self._probe.get(state.url + "/metrics")
-            if resp.status_code == 200:
-                apply_metrics_text(state, resp.text)
-                state.last_scrape = self._clock()
-        except (httpx.HTTPError, orjson.JSONDecodeError, ValueError) as e:
+                async with self._probe.get(state.url + "/get_server_info", timeout=PROBE_TIMEOUT) as info:
+                    if info.status == 200:
+                        apply_server_info(state, orjson.loads(await info.read()))
+            async with self._probe.get(state.url + "/metrics", timeout=PROBE_TIMEOUT) as resp:
+                if resp.status == 200:
+                    apply_metrics_text(state, (await resp.read()).decode("utf-8", "replace"))
+                    state.last_scrape = self._clock()
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError) as e:
             log.debug("scrape of %s failed: %s", self.backend_id(state), e)
+
+
+def _session(max_connections: int) -> aiohttp.ClientSession:
+    """Bytes pass through as sent (no decompression), no cookies, no proxy settings from the environment."""
+    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_S)
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trust_env=False,
+        skip_auto_headers=("User-Agent",),
+    )
