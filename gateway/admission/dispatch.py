@@ -42,6 +42,7 @@ class Dispatcher:
         self.round_bar = -math.inf  # highest band the round opened for or released
         self.round_prefill: dict[str, int] = {}
         self.round_dispatched: dict[int, int] = {}  # band → dispatches this round
+        self.round_band_prefill: dict[int, int] = {}  # band → prefill tokens released this round
 
     def round_open(self, now: float, budgets: PoolBudgets) -> bool:
         return self.round_started is not None and now < self.round_started + budgets.round_s
@@ -49,12 +50,13 @@ class Dispatcher:
     def round_ends(self, budgets: PoolBudgets) -> float | None:
         return None if self.round_started is None else self.round_started + budgets.round_s
 
-    def recent_dispatches(self, now: float, budgets: PoolBudgets, min_band: float = -math.inf) -> int:
-        """Dispatches at bands ≥ `min_band` of the round that just ended (0 after an idle gap): the
-        arrival pressure of that priority and above."""
+    def recent_prefill(self, now: float, budgets: PoolBudgets, min_band: float = -math.inf) -> int:
+        """Prefill tokens released at bands ≥ `min_band` by the current or just-ended round (0 after an
+        idle gap of a round): the prefill demand of that priority and above. Tokens, not requests: many
+        tiny dispatches are no load."""
         if self.round_started is None or now >= self.round_started + 2 * budgets.round_s:
             return 0
-        return sum(n for band, n in self.round_dispatched.items() if band >= min_band)
+        return sum(n for band, n in self.round_band_prefill.items() if band >= min_band)
 
     def open_round(self, now: float, *, grouped: bool = False, top_band: float = -math.inf) -> None:
         """Start a round. A grouped round (under load) only releases what was waiting when it opened,
@@ -67,6 +69,7 @@ class Dispatcher:
         self.round_bar = top_band
         self.round_prefill = {}
         self.round_dispatched = {}
+        self.round_band_prefill = {}
 
     def joins_round(self, entry: Entry) -> bool:
         """May `entry` go in the current round? Always, unless the round is grouped and it came late."""
@@ -81,13 +84,14 @@ class Dispatcher:
         return self.shared_budget_miss(ticket, backend, budgets, limit) is None
 
     def shared_budget_miss(
-        self, ticket: Ticket, backend: BackendState, budgets: PoolBudgets, limit: int
+        self, ticket: Ticket, backend: BackendState, budgets: PoolBudgets, limit: int, *, metered: bool = True
     ) -> str | None:
-        """The first shared budget `ticket` does not fit on `backend` (None: it fits)."""
+        """The first shared budget `ticket` does not fit on `backend` (None: it fits). `metered=False`
+        leaves out the round's prefill budget, which frees itself within `round_s`."""
         if backend.active >= limit:
             return "concurrency"
         released = self.round_prefill.get(backend.url, 0)
-        if released and released + ticket.cost.prompt_tokens > budgets.prefill_tokens_per_round:
+        if metered and released and released + ticket.cost.prompt_tokens > budgets.prefill_tokens_per_round:
             return "round_prefill"
         total = backend.max_total_tokens
         if total is None or backend.active == 0:
@@ -127,20 +131,25 @@ class Dispatcher:
         for entry in order:
             if not self.joins_round(entry):
                 continue
-            ticket = entry.ticket
-            cap = budgets.bucket_caps.get(ticket.bucket)
-            own = [
-                b
-                for b in usable
-                if b.url not in entry.exclude and (cap is None or b.bucket_active.get(ticket.bucket, 0) < cap)
-            ]
+            own = _own_backends(entry, usable, budgets)
             if not own:
                 continue
-            fitting = [b for b in own if self.shared_budgets_fit(ticket, b, budgets, limits[b.url])]
+            fitting = [b for b in own if self.shared_budgets_fit(entry.ticket, b, budgets, limits[b.url])]
             if not fitting:
                 return None
             return entry, min(fitting, key=lambda b: (b.outstanding_tokens, b.active, b.url))
         return None
+
+    def has_room(
+        self, entry: Entry, backends: Iterable[BackendState], budgets: PoolBudgets, limits: Mapping[str, int]
+    ) -> bool:
+        """Could a backend take `entry` now, by every budget but the round's prefill budget (which frees
+        itself within `round_s`)? What the guard asks before refusing a request by prediction."""
+        own = _own_backends(entry, [b for b in backends if b.available], budgets)
+        return any(
+            self.shared_budget_miss(entry.ticket, b, budgets, limits[b.url], metered=False) is None
+            for b in own
+        )
 
     def commit(self, ticket: Ticket, backend: BackendState, *, loan: bool = False) -> None:
         """Account a dispatch on the backend (`release` undoes exactly that) and in the round. A loan
@@ -156,7 +165,19 @@ class Dispatcher:
             return
         band = ticket.priority
         self.round_dispatched[band] = self.round_dispatched.get(band, 0) + 1
+        self.round_band_prefill[band] = self.round_band_prefill.get(band, 0) + cost.prompt_tokens
         self.round_bar = max(self.round_bar, band)
+
+
+def _own_backends(entry: Entry, usable: list[BackendState], budgets: PoolBudgets) -> list[BackendState]:
+    """The usable backends `entry`'s own constraints allow: not excluded, its bucket under its cap."""
+    bucket = entry.ticket.bucket
+    cap = budgets.bucket_caps.get(bucket)
+    return [
+        b
+        for b in usable
+        if b.url not in entry.exclude and (cap is None or b.bucket_active.get(bucket, 0) < cap)
+    ]
 
 
 def backend_load(backend: BackendState, limit: int, budgets: PoolBudgets) -> float:

@@ -129,12 +129,17 @@ class SLOQueue:
     def depth_by_band(self) -> dict[int, int]:
         return {band: sum(len(lst) for lst in t.values()) for band, t in sorted(self._bands.items())}
 
-    def prefill_tokens(self) -> int:
-        return sum(self._band_tokens.values())
+    def prefill_tokens(self, band: int | None = None) -> int:
+        """Queued prompt tokens, of one band or of all."""
+        return sum(self._band_tokens.values()) if band is None else self._band_tokens.get(band, 0)
 
     def prefill_ahead(self, entry: Entry) -> int:
         """Prefill tokens dispatched before `entry` (queued or a candidate) if nothing else arrives."""
-        return next(ahead for e, ahead in self.projected(entry) if e is entry)
+        return self.ahead_of(entry)[1]
+
+    def ahead_of(self, entry: Entry) -> tuple[int, int]:
+        """(entries, prefill tokens) dispatched before `entry` (queued or a candidate), as `projected`."""
+        return next((i, ahead) for i, (e, ahead) in enumerate(self.projected(entry)) if e is entry)
 
     def projected(self, candidate: Entry | None = None) -> Iterator[tuple[Entry, int]]:
         """Waiting entries (plus an unqueued `candidate`) in dispatch order, each with the prefill tokens

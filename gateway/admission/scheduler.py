@@ -25,7 +25,7 @@ from gateway.admission.limits import Limit, Sample, make_limit
 from gateway.admission.queue import Entry, SLOQueue, effective_deadline
 from gateway.admission.settings import PoolBudgets, SLOClass
 from gateway.admission.shedding import PrefillRate, QueueGuard, displaced_error
-from gateway.admission.window import BatchWindow, QueueLoad
+from gateway.admission.window import BatchWindow, QueueLoad, under_load
 from gateway.backends.state import BackendState
 from gateway.errors import ApiError
 from gateway.policy import Policy
@@ -93,7 +93,7 @@ class PoolScheduler:
         self.counters = VirtualTokenCounters()
         self.queue = SLOQueue(self.counters)
         self.rate = PrefillRate(policy.queue)
-        self.guard = QueueGuard(self.queue, self.rate, pool)
+        self.guard = QueueGuard(self.queue, self.rate, pool, has_room=self._has_room)
         self.dispatcher = Dispatcher()
         self.window = BatchWindow()
         self.limits: dict[str, Limit] = {}
@@ -141,6 +141,7 @@ class PoolScheduler:
             cost.prompt_tokens, cost.expected_output_tokens, weight, fair.input_weight, fair.output_weight
         )
         entry = Entry(ticket, slo, effective_deadline(ticket, slo), weight, now, charge, exclude=excluded)
+        self.rate.configure(policy.queue)
         victim = self.guard.admit(entry, now, self._available())
         waiter = self._waiters[entry] = _Waiter(anyio.Event())
         if victim is not None:
@@ -186,7 +187,7 @@ class PoolScheduler:
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """Feed one observed prefill (prompt tokens, seconds to first token) to the pool's rate estimate."""
         self.rate.configure(self.policy_getter().queue)
-        self.rate.observe(tokens, seconds)
+        self.rate.observe(tokens, seconds, self.clock())
 
     def pump(self) -> None:
         """Shed what must go, then dispatch everything the window, rounds and budgets allow right now."""
@@ -208,9 +209,8 @@ class PoolScheduler:
                 if opens > now:
                     wake = opens
                     break
-                depth = len(self.queue) + self.dispatcher.recent_dispatches(now, budgets)
-                under_load = policy.window.enabled and depth > policy.window.light_load_queue_depth
-                self.dispatcher.open_round(now, grouped=under_load, top_band=load.band)
+                grouped = under_load(self._pool_level(now, budgets), policy.window)
+                self.dispatcher.open_round(now, grouped=grouped, top_band=load.band)
             placed = self.dispatcher.place(self.queue.ordered(), self.backends, budgets, limits)
             loan = placed is None
             if placed is None:
@@ -271,7 +271,8 @@ class PoolScheduler:
             "in_flight": self.in_flight,
             "borrowed_in_flight": self.borrowed,
             "lent_in_flight": self.lent,
-            "prefill_tokens_per_s": self.rate.tokens_per_s,
+            "prefill_load": self._pool_level(now, budgets),
+            "prefill_tokens_per_s": self.rate.at(now),
             "rejections": {f"{reason}/{cls}": n for (reason, cls), n in sorted(self.rejections.items())},
             "backends": [
                 {
@@ -325,23 +326,39 @@ class PoolScheduler:
     def _available(self) -> int:
         return sum(1 for b in self.backends if b.available)
 
+    def _round_tokens(self, budgets: PoolBudgets) -> int:
+        return budgets.prefill_tokens_per_round * max(1, self._available())
+
     def _load(self, now: float, budgets: PoolBudgets) -> QueueLoad:
         """The window judges the top waiting band, so a lower band's load never holds a higher band: its
-        depth plus the last round's dispatches at that band and above (a steady stream that never piles
-        up still reads as load), and the slack of its oldest request. Queued tokens of every band count
-        towards a full round."""
+        queued prefill tokens plus those the current / just-ended round released at that band and above
+        (a steady stream that never piles up still reads as load, in tokens: tiny requests are none),
+        and the slack of its oldest request. Queued tokens of every band count towards a full round."""
         band = self.queue.top_band()
         oldest = self.queue.oldest(band)
         assert band is not None and oldest is not None
-        slack = oldest.deadline - now - oldest.prompt_tokens / self.rate.tokens_per_s
+        slack = oldest.deadline - now - oldest.prompt_tokens / self.rate.at(now)
         return QueueLoad(
             band=band,
-            depth=self.queue.depth_by_band()[band] + self.dispatcher.recent_dispatches(now, budgets, band),
+            band_prefill_tokens=self.queue.prefill_tokens(band),
+            recent_prefill_tokens=self.dispatcher.recent_prefill(now, budgets, band),
             prefill_tokens=self.queue.prefill_tokens(),
             oldest_enqueued_at=oldest.enqueued_at,
             oldest_slack_s=slack,
-            round_tokens=budgets.prefill_tokens_per_round * max(1, self._available()),
+            round_tokens=self._round_tokens(budgets),
         )
+
+    def _pool_level(self, now: float, budgets: PoolBudgets) -> float:
+        """Prefill load of the whole pool (every band): a round opened above light load is grouped."""
+        demand = self.dispatcher.recent_prefill(now, budgets) + self.queue.prefill_tokens()
+        return demand / self._round_tokens(budgets)
+
+    def _has_room(self, entry: Entry) -> bool:
+        """Could a backend take `entry` now (round prefill budget aside)? See QueueGuard."""
+        policy = self.policy_getter()
+        self._sync_limits(policy)
+        limits = {url: lim.limit for url, lim in self.limits.items()}
+        return self.dispatcher.has_room(entry, self.backends, policy.budgets.for_pool(self.pool), limits)
 
     def _sync_limits(self, policy: Policy) -> None:
         for b in self.backends:
@@ -414,7 +431,7 @@ class PoolScheduler:
             self.observe_prefill(prompt, ttft_s)
         limit = self.limits.get(backend.url)
         if limit is not None and (outcome == "ok" or outcome in DROP_OUTCOMES):
-            ratio = latency_ratio(entry.slo, ttft_s, tpot_s, prompt / self.rate.tokens_per_s)
+            ratio = latency_ratio(entry.slo, ttft_s, tpot_s, prompt / self.rate.at(self.clock()))
             limit.update(Sample(self.clock(), in_flight, ratio, dropped=outcome in DROP_OUTCOMES))
             backend.concurrency_limit = limit.limit
         self.pump()

@@ -70,6 +70,22 @@ class QueuePolicy(_Strict):
         ge=1,
         description="Samples needed before measurements replace initial_prefill_tokens_per_s.",
     )
+    prefill_rate_max_age_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Samples older than this are forgotten, so a bad spell cannot outlive itself.",
+    )
+    prefill_rate_min_prompt_tokens: int = Field(
+        default=512,
+        ge=1,
+        description="Smaller prompts give no rate sample: their TTFT is fixed overhead, not prefill.",
+    )
+    prefill_rate_floor_fraction: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="The rate never falls below this share of initial_prefill_tokens_per_s.",
+    )
     recheck_interval_s: float = Field(
         default=0.1, gt=0, description="How often waiting requests are re-checked."
     )
@@ -119,9 +135,14 @@ class AccumulatePolicy(_Strict):
 class WindowPolicy(_Strict):
     enabled: bool = True
     max_window_s: float = Field(default=0.05, ge=0)
-    light_load_queue_depth: int = Field(default=1, ge=0)
-    full_window_depth: int = Field(
-        default=16, ge=1, description="Queue depth above light load at which the window is max."
+    light_load: float = Field(
+        default=1.0,
+        ge=0,
+        description="Prefill load (prefill tokens the current or last round released plus those queued, "
+        "over one round's budget) up to which requests go at once: demand that fits a round never waits.",
+    )
+    full_load: float = Field(
+        default=2.0, gt=0, description="Prefill load at which the window reaches max_window_s."
     )
     slack_fraction: float = Field(
         default=0.5, ge=0, le=1, description="Share of the oldest request's slack a window may use."
@@ -129,6 +150,12 @@ class WindowPolicy(_Strict):
     accumulate: dict[str, AccumulatePolicy] = Field(
         default_factory=lambda: {"offline": AccumulatePolicy()}, description="Pool name → accumulate mode."
     )
+
+    @model_validator(mode="after")
+    def _ramp(self) -> WindowPolicy:
+        if not self.light_load < self.full_load:
+            raise ValueError(f"need light_load < full_load, got {self.light_load}, {self.full_load}")
+        return self
 
 
 class ControllerPolicy(_Strict):

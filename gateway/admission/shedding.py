@@ -3,7 +3,8 @@
 Predicted start = now + (prefill tokens the queue dispatches first, SLOQueue.projected) / (per-backend
 prefill rate × available backends); predicted first token = start + own prefill tokens / per-backend
 rate. A request of a class that sheds by deadline is refused (429 `slo_unattainable`) as soon as its
-predicted first token falls after its deadline: at enqueue, and again on every sweep while it waits.
+predicted first token falls after its deadline: at enqueue, and again on every sweep while it waits —
+unless nothing is queued ahead of it and a backend has room, when it starts now whatever the prediction.
 Depth is capped per class; when full, a more urgent arrival displaces the newest request of the lowest
 band below it (503 `displaced`), else it is refused (503 `queue_full`). Every class is bounded by its
 max wait (503 `queue_timeout`). Every refusal is counted by (reason, class).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.admission.queue import Entry, SLOQueue
@@ -24,16 +26,20 @@ class PrefillRate:
     """Per-backend prefill throughput in tokens/s, for start-time predictions.
 
     A request's prompt / TTFT only bounds the engine's prefill rate from below: its TTFT also holds the
-    engine's own queue, the decode step in flight and the prefills batched with it. An average of such
-    samples runs low, and lowest under load — exactly when a flood of low-priority work then makes
-    high-priority requests look unattainable. So the rate is an upper quantile (nearest rank) of the last
-    `prefill_rate_window` per-request samples: the requests that met an idle engine measure the engine, the
-    others measure their queueing. Until `prefill_rate_min_samples` samples arrived, the policy prior holds.
+    engine's own queue, the decode step in flight, the prefills batched with it — and the gateway's own
+    delays between dispatch and the first byte. An average of such samples runs low, and lowest under
+    load — exactly when a flood of low-priority work then makes high-priority requests look unattainable.
+    So the rate is an upper quantile (nearest rank) of the recent per-request samples: the requests that
+    met an idle engine measure the engine, the others measure their queueing. Three guards keep one bad
+    spell (an overloaded gateway reads every TTFT as prefill time) from becoming a permanent outage:
+    prompts under `prefill_rate_min_prompt_tokens` give no sample (their TTFT is fixed overhead), samples
+    expire after `prefill_rate_max_age_s`, and the rate never falls below `prefill_rate_floor_fraction` of
+    the policy prior. Until `prefill_rate_min_samples` live samples exist, the prior holds.
     """
 
     def __init__(self, policy: QueuePolicy) -> None:
         self.policy = policy
-        self._samples: deque[float] = deque(maxlen=policy.prefill_rate_window)
+        self._samples: deque[tuple[float, float]] = deque(maxlen=policy.prefill_rate_window)  # (at, rate)
         self.tokens_per_s = policy.initial_prefill_tokens_per_s
 
     def configure(self, policy: QueuePolicy) -> None:
@@ -43,18 +49,35 @@ class PrefillRate:
             self._samples = deque(self._samples, maxlen=policy.prefill_rate_window)
             self._estimate()
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        if tokens > 0 and seconds > 0:
-            self._samples.append(tokens / seconds)
+    def observe(self, tokens: int, seconds: float, now: float) -> None:
+        """One request's prompt tokens and seconds from dispatch to its first token, seen at `now`."""
+        if tokens >= self.policy.prefill_rate_min_prompt_tokens and seconds > 0:
+            self._samples.append((now, tokens / seconds))
+            self._expire(now)
             self._estimate()
+
+    def at(self, now: float) -> float:
+        """The rate as of `now`, once the samples that aged out are forgotten."""
+        if self._expire(now):
+            self._estimate()
+        return self.tokens_per_s
+
+    def _expire(self, now: float) -> bool:
+        cutoff = now - self.policy.prefill_rate_max_age_s
+        expired = False
+        while self._samples and self._samples[0][0] <= cutoff:
+            self._samples.popleft()
+            expired = True
+        return expired
 
     def _estimate(self) -> None:
         p = self.policy
         if len(self._samples) < p.prefill_rate_min_samples:
             self.tokens_per_s = p.initial_prefill_tokens_per_s
             return
-        ranked = sorted(self._samples)
-        self.tokens_per_s = ranked[max(0, math.ceil(p.prefill_rate_quantile * len(ranked)) - 1)]
+        ranked = sorted(rate for _, rate in self._samples)
+        measured = ranked[max(0, math.ceil(p.prefill_rate_quantile * len(ranked)) - 1)]
+        self.tokens_per_s = max(measured, p.prefill_rate_floor_fraction * p.initial_prefill_tokens_per_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +88,27 @@ class Prediction:
 
 
 class QueueGuard:
-    def __init__(self, queue: SLOQueue, rate: PrefillRate, pool: str) -> None:
+    """Admission and shedding of one pool's queue. `has_room(entry)` tells whether a backend could take
+    `entry` now (the dispatcher's per-backend budgets, the round's prefill budget aside): a request with
+    nothing queued ahead of it and a backend with room is never refused by a prediction — it would start
+    at once, so a wrong rate estimate must not turn it away (and could never be corrected if it did)."""
+
+    def __init__(
+        self,
+        queue: SLOQueue,
+        rate: PrefillRate,
+        pool: str,
+        has_room: Callable[[Entry], bool] | None = None,
+    ) -> None:
         self.queue = queue
         self.rate = rate
         self.pool = pool
+        self.has_room = has_room
         self.rejections: Counter[tuple[str, str]] = Counter()
 
     def predict(self, entry: Entry, now: float, backends: int, ahead: int | None = None) -> Prediction:
         """`ahead` defaults to the queue's projection for `entry` (SLOQueue.projected)."""
-        per_backend = self.rate.tokens_per_s
+        per_backend = self.rate.at(now)
         if ahead is None:
             ahead = self.queue.prefill_ahead(entry)
         start = now + ahead / (per_backend * max(1, backends))
@@ -82,7 +117,8 @@ class QueueGuard:
     def admit(self, entry: Entry, now: float, backends: int) -> Entry | None:
         """Queue `entry` or raise its refusal; returns the entry it displaced (already removed), if any."""
         self.queue.stamp(entry)
-        refusal = self._unattainable(entry, now, backends)
+        entries_ahead, ahead = self.queue.ahead_of(entry)
+        refusal = self._unattainable(entry, now, backends, ahead, head=entries_ahead == 0)
         if refusal is not None:
             raise refusal
         cls = entry.ticket.traffic_class
@@ -106,7 +142,8 @@ class QueueGuard:
         return victim
 
     def sweep(self, now: float, backends: int) -> list[tuple[Entry, ApiError]]:
-        """Remove every waiting entry past its max wait or that can no longer meet its deadline."""
+        """Remove every waiting entry past its max wait or that can no longer meet its deadline (except
+        the head of the queue while a backend has room for it)."""
         out: list[tuple[Entry, ApiError]] = []
         for entry in self.queue.entries():
             if now - entry.enqueued_at >= entry.slo.max_wait_s:
@@ -119,21 +156,28 @@ class QueueGuard:
                 )
                 out.append((entry, self._refuse("queue_timeout", entry.ticket.traffic_class, err)))
         shed_tokens = 0  # every entry shed below was projected ahead of the ones after it
+        kept = 0
         for entry, ahead in list(self.queue.projected()):
-            refusal = self._unattainable(entry, now, backends, ahead - shed_tokens)
-            if refusal is not None:
+            refusal = self._unattainable(entry, now, backends, ahead - shed_tokens, head=kept == 0)
+            if refusal is None:
+                kept += 1
+            else:
                 self.queue.remove(entry)
                 shed_tokens += entry.prompt_tokens
                 out.append((entry, refusal))
         return out
 
     def _unattainable(
-        self, entry: Entry, now: float, backends: int, ahead: int | None = None
+        self, entry: Entry, now: float, backends: int, ahead: int, head: bool
     ) -> ApiError | None:
+        """The refusal of an entry predicted to miss its deadline; None when it may wait. `head`: nothing
+        is queued ahead of it."""
         if not entry.slo.shed_by_deadline:
             return None
         p = self.predict(entry, now, backends, ahead)
         if p.first_token <= entry.deadline:
+            return None
+        if head and self.has_room is not None and self.has_room(entry):
             return None
         err = ApiError(
             429,

@@ -1,12 +1,17 @@
 """Adaptive batching window: when the next dispatch round of a pool may open.
 
 A round (dispatch.py) is the period over which the prefill budget is metered. When no round is open
-and requests wait, the window decides how long to hold them so one round releases a group instead of
-a trickle of single prefills. It looks at the top waiting band only (depth, oldest request), so work of
-a lower band never holds a higher one:
+and requests wait, the window decides how long to hold them so that, under load, one round releases a
+group instead of a trickle of single prefills. Load is prefill demand against the round's budget — not
+a request count, so a stream of tiny requests is no load and always goes at once:
 
-    light load (depth ≤ light_load_queue_depth) or a full round's group already queued → open now
-    otherwise  w = max_window_s · min(1, (depth − light) / full_window_depth)
+    level = (prefill tokens released by the current or just-ended round + tokens queued, both at the
+             top waiting band and above) / (prefill_tokens_per_round × available backends)
+
+It looks at the top waiting band only, so work of a lower band never holds a higher one:
+
+    level ≤ light_load, or a full round's group already queued (all bands) → open now
+    otherwise  w = max_window_s · min(1, (level − light_load) / (full_load − light_load))
                w = min(w, slack_fraction · max(0, slack of the oldest waiting request))
                open at  oldest_enqueued_at + w
 
@@ -27,11 +32,22 @@ class QueueLoad:
     """What the window looks at: the top waiting band of one pool's queue at one instant."""
 
     band: int
-    depth: int
-    prefill_tokens: int
+    band_prefill_tokens: int  # queued at the top band
+    recent_prefill_tokens: int  # released at the top band and above by the current / just-ended round
+    prefill_tokens: int  # queued, every band
     oldest_enqueued_at: float
     oldest_slack_s: float
     round_tokens: int  # prefill budget per round × available backends
+
+    @property
+    def level(self) -> float:
+        """Prefill demand of the top band against one round's budget (1.0 = a full round)."""
+        return (self.recent_prefill_tokens + self.band_prefill_tokens) / self.round_tokens
+
+
+def under_load(level: float, policy: WindowPolicy) -> bool:
+    """Does this prefill load hold requests (window, grouped rounds)? Never when the window is off."""
+    return policy.enabled and level > policy.light_load
 
 
 class BatchWindow:
@@ -50,9 +66,8 @@ class BatchWindow:
         acc = policy.accumulate.get(pool)
         if acc is not None:
             return 0.0 if load.prefill_tokens >= acc.tokens else acc.max_wait_s
-        if load.depth <= policy.light_load_queue_depth or load.prefill_tokens >= load.round_tokens:
+        if not under_load(load.level, policy) or load.prefill_tokens >= load.round_tokens:
             return 0.0
-        w = policy.max_window_s * min(
-            1.0, (load.depth - policy.light_load_queue_depth) / policy.full_window_depth
-        )
+        light = policy.light_load
+        w = policy.max_window_s * min(1.0, (load.level - light) / (policy.full_load - light))
         return min(w, policy.slack_fraction * max(0.0, load.oldest_slack_s))

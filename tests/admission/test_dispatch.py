@@ -139,16 +139,46 @@ def test_grouped_round_admits_late_arrivals_only_from_a_strictly_higher_band() -
     assert d.joins_round(late_same) and d.round_dispatched == {}
 
 
-def test_recent_dispatches_count_the_band_and_above_of_the_last_round_only() -> None:
+def test_recent_prefill_counts_tokens_of_the_band_and_above_of_the_last_round_only() -> None:
     d = Dispatcher()
     budgets = PoolBudgets(round_s=0.5)
     d.open_round(10.0)
     pool = backends(1)
-    for p in (0, 5, 5, 10):
-        d.commit(ticket(priority=p), pool[0])
-    assert d.recent_dispatches(10.5, budgets) == 4
-    assert d.recent_dispatches(10.5, budgets, min_band=5) == 3
-    assert d.recent_dispatches(11.0, budgets) == 0  # an idle gap of a whole round
+    for p, prompt in ((0, 1000), (5, 10), (5, 20), (10, 300)):
+        d.commit(ticket(priority=p, prompt=prompt), pool[0])
+    d.commit(ticket(priority=10, prompt=4000), pool[0], loan=True)  # another pool's request: no demand
+    assert d.recent_prefill(10.5, budgets) == 1330
+    assert d.recent_prefill(10.5, budgets, min_band=5) == 330
+    assert d.round_dispatched == {0: 1, 5: 2, 10: 1}
+    assert d.recent_prefill(11.0, budgets) == 0  # an idle gap of a whole round
+
+
+def test_room_is_every_budget_but_the_rounds_prefill() -> None:
+    pool = backends(2)
+    budgets = PoolBudgets(prefill_tokens_per_round=100, kv_watermark=0.5, bucket_caps={"multi_image": 1})
+    d = Dispatcher()
+    d.open_round(0.0)
+    d.commit(ticket(prompt=100), pool[0])
+    d.commit(ticket(prompt=100), pool[1])
+    limits = {"http://b0": 2, "http://b1": 2}
+    e = entry(ticket(prompt=50))
+    assert d.place([e], pool, budgets, limits) is None  # the round's prefill is spent on both ...
+    assert d.has_room(e, pool, budgets, limits)  # ... but that frees itself within round_s
+    assert not d.has_room(e, pool, budgets, {"http://b0": 1, "http://b1": 1})  # concurrency
+    pool[0].max_total_tokens = pool[1].max_total_tokens = 200
+    assert not d.has_room(e, pool, budgets, limits)  # KV: 100 + 50 > 0.5 · 200
+    pool[1].max_total_tokens = None  # unknown before the first scrape: no KV check
+    assert d.has_room(e, pool, budgets, limits)
+    pool[1].circuit = "half_open"  # a half-open circuit lets requests through: room
+    assert d.has_room(e, pool, budgets, limits)
+    pool[1].circuit = "open"
+    assert not d.has_room(e, pool, budgets, limits)
+    pool[1].circuit = "closed"
+    e.exclude = frozenset({"http://b1"})
+    assert not d.has_room(e, pool, budgets, limits)
+    mm = entry(ticket(prompt=50, bucket="multi_image"))
+    pool[1].bucket_active["multi_image"] = 1
+    assert not d.has_room(mm, pool, budgets, limits)  # b0 by KV, b1 by its bucket cap
 
 
 def test_backend_load_is_the_fuller_of_slots_and_kv() -> None:

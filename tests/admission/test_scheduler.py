@@ -71,42 +71,101 @@ async def test_light_load_dispatches_at_once_and_release_is_idempotent() -> None
 async def test_window_groups_prefills_under_load_and_releases_light_load_at_once() -> None:
     clock = FakeClock()
     pol = policy(
-        window={"max_window_s": 0.0625, "full_window_depth": 2, "light_load_queue_depth": 1},
-        budgets={"round_s": 0.125},
+        window={"max_window_s": 0.0625, "light_load": 0.5, "full_load": 1.0},
+        budgets={"round_s": 0.125, "prefill_tokens_per_round": 1024},
     )
     s = _sched(pol, clock=clock)
-    light = [await _spawn(s, ticket(prompt=100)) for _ in range(3)]
+    light = [await _spawn(s, ticket(prompt=128)) for _ in range(3)]
     assert all(t.done() for t in light)  # idle pool: the first opens a round, the others join it at once
-    clock.now = 1000.125  # round over; 3 dispatched last round + 1 waiting → load → window 0.0625
-    d = await _spawn(s, ticket(prompt=100))
-    assert not d.done() and s.snapshot()["window_s"] == 0.0625
-    clock.now = 1000.15625
-    e = await _spawn(s, ticket(prompt=100))
-    assert not e.done()
-    clock.now = 1000.1875  # oldest (d) enqueued at 1000.125 + 0.0625: the round opens, d and e go together
+    clock.now = 1000.125  # round over; it released 384 tokens, 256 wait: load 0.625 → window 0.015625
+    d = await _spawn(s, ticket(prompt=256))
+    assert not d.done() and s.snapshot()["window_s"] == 0.015625 and s._next_wake == 1000.140625
+    clock.now = 1000.1328125
+    e = await _spawn(s, ticket(prompt=256))  # load (384 + 512) / 1024 = 0.875 → window 0.046875
+    assert not e.done() and s._next_wake == 1000.171875
+    clock.now = 1000.171875  # d enqueued at 1000.125 + 0.046875: the round opens, d and e go together
     s.pump()
     await _settle()
     assert d.done() and e.done()
-    assert s.dispatcher.round_prefill == {"http://b0": 200} and s.dispatcher.round_grouped
+    assert s.dispatcher.round_prefill == {"http://b0": 512} and s.dispatcher.round_grouped
     clock.now = 1000.25  # inside a grouped round: a new arrival waits for the next round
-    g = await _spawn(s, ticket(prompt=100))
-    assert not g.done() and s._next_wake == 1000.3125
-    clock.now = 1000.3125
+    g = await _spawn(s, ticket(prompt=128))
+    assert not g.done() and s._next_wake == 1000.296875
+    clock.now = 1000.296875  # load (512 + 128) / 1024: its window (from 1000.25) is over
     s.pump()
     await _settle()
-    assert g.done()
+    assert g.done() and g.result().ticket.dispatched_at == 1000.296875
     for t in [*light, d, e, g]:
         t.result().release(None, "ok")
     _assert_idle(s)
 
 
+async def test_small_requests_at_a_high_rate_to_a_backend_with_room_are_never_held() -> None:
+    """The overhead benchmark's case: ~1000 requests/s of 50-token prompts, each served in 5 ms, default
+    policy. Many dispatches per round are no load: every request goes the instant it arrives."""
+    clock = FakeClock()
+    s = _sched(policy(), backends(1), clock)
+    running: list[tuple[float, Lease]] = []
+    waited = []
+    for i in range(2048):  # 2 s of arrivals, one per 1/1024 s
+        clock.now = 1000.0 + i / 1024
+        for end, lease in running:
+            if end <= clock.now:
+                lease.release(Usage(50, 10), "ok", ttft_s=0.001, tpot_s=0.0004)
+        running = [(end, lease) for end, lease in running if not lease.released]
+        task = await _spawn(s, ticket(prompt=50, output=10, arrival=clock.now))
+        assert task.done(), i
+        lease = task.result()
+        assert lease.ticket.dispatched_at is not None
+        waited.append(lease.ticket.dispatched_at - lease.ticket.arrival)
+        running.append((clock.now + 0.005, lease))
+    assert waited == [0.0] * 2048 and s.rejections == {}
+    assert not s.dispatcher.round_grouped and s.snapshot()["window_s"] == 0.0
+    for _, lease in running:
+        lease.release(None, "ok")
+    _assert_idle(s)
+
+
+async def test_a_burst_of_big_prefills_goes_one_round_budget_per_round() -> None:
+    clock = FakeClock()
+    pol = policy(
+        controller={"algorithm": "fixed", "initial": 64, "min": 64, "max": 64}, budgets={"round_s": 0.125}
+    )
+    s = _sched(pol, backends(1), clock)  # default budget: 8192 prefill tokens per round
+    burst = [await _spawn(s, ticket(prompt=3000)) for _ in range(8)]
+    late = None
+    for step in range(1, 97):
+        clock.now = 1000.0 + step / 128
+        if step == 24:  # 1000.1875, inside the grouped round 1000.125 … 1000.25: waits for a later round
+            late = await _spawn(s, ticket(prompt=3000))
+        s.pump()
+        await _settle()
+    assert late is not None
+    rounds: dict[float, int] = {}
+    for t in [*burst, late]:
+        at = t.result().ticket.dispatched_at
+        assert at is not None
+        rounds[at] = rounds.get(at, 0) + 1
+    # the first round opened on arrival (light), released 2 × 3000 and spent its budget; every later
+    # round opens at the end of the last (a full group waits: no window) and releases what fits
+    assert rounds == {1000.0: 2, 1000.125: 2, 1000.25: 2, 1000.375: 2, 1000.5: 1}
+    assert late.result().ticket.dispatched_at == 1000.5  # the burst's own requests stayed first
+    for t in [*burst, late]:
+        t.result().release(None, "ok")
+    _assert_idle(s)
+
+
 async def _loaded_pool(clock: FakeClock) -> tuple[PoolScheduler, list[asyncio.Task[Lease]]]:
-    """Three band-0 requests released on an idle pool, then a fourth held by the window (load 1 + 3)."""
-    pol = policy(window={"max_window_s": 0.0625, "full_window_depth": 2}, budgets={"round_s": 0.125})
+    """Three band-0 requests of 256 tokens released on an idle pool, then a fourth held by the window
+    (load (768 + 256) / 1024 = 1: the whole max_window_s)."""
+    pol = policy(
+        window={"max_window_s": 0.0625, "light_load": 0.5, "full_load": 1.0},
+        budgets={"round_s": 0.125, "prefill_tokens_per_round": 1024},
+    )
     s = _sched(pol, clock=clock)
-    lows = [await _spawn(s, ticket(priority=0)) for _ in range(3)]
+    lows = [await _spawn(s, ticket(priority=0, prompt=256)) for _ in range(3)]
     clock.now = 1000.125
-    lows.append(await _spawn(s, ticket(priority=0)))
+    lows.append(await _spawn(s, ticket(priority=0, prompt=256)))
     assert not lows[-1].done() and s._next_wake == 1000.1875
     return s, lows
 
@@ -119,9 +178,9 @@ async def test_higher_band_joins_a_grouped_round_at_once_same_band_waits_for_the
     await _settle()
     assert lows[-1].done() and s.dispatcher.round_grouped and s.dispatcher.round_bar == 0
     clock.now = 1000.25  # mid-round
-    late_low = await _spawn(s, ticket(priority=0))
-    high = await _spawn(s, ticket(priority=10))
-    second_high = await _spawn(s, ticket(priority=10))
+    late_low = await _spawn(s, ticket(priority=0, prompt=256))
+    high = await _spawn(s, ticket(priority=10, prompt=256))
+    second_high = await _spawn(s, ticket(priority=10, prompt=256))
     assert high.done() and high.result().ticket.dispatched_at == 1000.25
     assert not late_low.done() and not second_high.done()  # the round now released band 10
     assert s.dispatcher.round_bar == 10 and s._next_wake == 1000.3125
@@ -138,7 +197,7 @@ async def test_a_lower_band_window_never_holds_a_higher_band_arrival() -> None:
     clock = FakeClock()
     s, lows = await _loaded_pool(clock)
     clock.now = 1000.15625  # the band-0 window would open at 1000.1875
-    high = await _spawn(s, ticket(priority=10))
+    high = await _spawn(s, ticket(priority=10, prompt=256))
     assert high.done() and lows[-1].done()  # band 10 alone is light: the round opens now, for both
     assert s.snapshot()["window_s"] == 0.0 and s.dispatcher.round_grouped
     for t in [*lows, high]:
@@ -149,29 +208,34 @@ async def test_a_lower_band_window_never_holds_a_higher_band_arrival() -> None:
 async def test_observe_prefill_measures_the_engine_not_its_queue() -> None:
     s = _sched(policy(queue={"prefill_rate_window": 20}))
     for _ in range(3):
-        s.observe_prefill(1000, 0.5)  # queued behind other prefills: 2000 tokens/s
+        s.observe_prefill(1000, 0.25)  # queued behind other prefills: 4000 tokens/s
     assert s.rate.tokens_per_s == 10000.0  # under prefill_rate_min_samples (4): the prior holds
     for _ in range(14):
-        s.observe_prefill(1000, 0.5)
-    assert s.rate.tokens_per_s == 2000.0  # every request queued: the least-queued tenth is all we know
+        s.observe_prefill(1000, 0.25)
+    assert s.rate.tokens_per_s == 4000.0  # every request queued: the least-queued tenth is all we know
     for _ in range(3):
-        s.observe_prefill(1000, 0.125)  # met an idle engine: 8000 tokens/s
-    assert s.rate.tokens_per_s == 8000.0  # rank ceil(0.9 · 20) = 18 of 20 (the old EWMA: 5020)
-    assert s.snapshot()["prefill_tokens_per_s"] == 8000.0
+        s.observe_prefill(1000, 0.0625)  # met an idle engine: 16000 tokens/s
+    assert s.rate.tokens_per_s == 16000.0  # rank ceil(0.9 · 20) = 18 of 20
+    assert s.snapshot()["prefill_tokens_per_s"] == 16000.0
 
 
 async def test_snapshot_tells_why_the_head_of_the_queue_waits() -> None:
     clock = FakeClock()
-    pol = policy(controller=FIXED_1, window={"max_window_s": 0.5, "full_window_depth": 1})
+    pol = policy(
+        controller=FIXED_1,
+        window={"max_window_s": 0.5, "light_load": 0.5, "full_load": 1.0},
+        budgets={"prefill_tokens_per_round": 1024},
+    )
     s = _sched(pol, clock=clock)
     running = await s.acquire(ticket(prompt=300))
     clock.now = 1000.25
-    low = await _spawn(s, ticket(priority=0, tenant="lo"))
+    low = await _spawn(s, ticket(priority=0, tenant="lo", prompt=700))  # load 0.68: held by the window
     clock.now = 1000.5
     high = await _spawn(s, ticket(priority=10, tenant="hi", prompt=50))
     snap = s.snapshot()  # band 10 alone is light: a round opened at 1000.5; the one slot is taken
-    assert snap["queue_by_priority"] == {"0": 1, "10": 1} and snap["queued_prefill_tokens"] == 150
+    assert snap["queue_by_priority"] == {"0": 1, "10": 1} and snap["queued_prefill_tokens"] == 750
     assert snap["oldest_wait_by_priority"] == {"0": 0.25, "10": 0.0} and snap["oldest_wait_s"] == 0.25
+    assert snap["prefill_load"] == 750 / 1024  # the pool is above light load: the round is grouped
     assert snap["head"] | {"id": None} == {
         "id": None,
         "tenant": "hi",
@@ -187,19 +251,19 @@ async def test_snapshot_tells_why_the_head_of_the_queue_waits() -> None:
         "bar_priority": 10,
         "dispatched_by_priority": {},
     }
-    clock.now = 1000.75  # round over; 2 waiting (band 10 alone: 1) → a round would open now
+    clock.now = 1000.75  # round over; band 10 alone is light → a round would open now
     assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "concurrency"}
     running.release(None, "ok")  # high goes in a round opened now; low waited before it: it may join
     assert (await high).ticket.dispatched_at == 1000.75
     assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "concurrency"}
     high.result().release(None, "ok")
     (await low).release(None, "ok")
-    clock.now = 1000.875  # last round released band 10 and band 0: band 5 reads 1 waiting + 1 → window
-    late = await _spawn(s, ticket(priority=5))
+    clock.now = 1000.875  # band 5: 718 queued + 50 released at band ≥ 5 by the last round → load 0.75
+    late = await _spawn(s, ticket(priority=5, prompt=718))
     snap = s.snapshot()
-    assert snap["head"]["blocked_by"] == {"*": "window"} and snap["window_s"] == 0.5
+    assert snap["head"]["blocked_by"] == {"*": "window"} and snap["window_s"] == 0.25
     assert snap["rejections"] == {}
-    clock.now = 1001.375
+    clock.now = 1001.125
     s.pump()
     (await late).release(None, "ok")
     _assert_idle(s)

@@ -100,23 +100,61 @@ def test_prefill_rate_is_an_upper_quantile_of_recent_samples() -> None:
             prefill_rate_window=5,
             prefill_rate_quantile=0.8,
             prefill_rate_min_samples=3,
+            prefill_rate_min_prompt_tokens=100,
+            prefill_rate_floor_fraction=0.0,
         )
     )
-    rate.observe(1000, 1.0)
-    rate.observe(1000, 0.5)
+    rate.observe(1000, 1.0, now=0.0)
+    rate.observe(1000, 0.5, now=0.0)
     assert rate.tokens_per_s == 10000.0  # two samples: the prior still holds
-    rate.observe(1000, 2.0)
+    rate.observe(1000, 2.0, now=0.0)
     assert rate.tokens_per_s == 2000.0  # [500, 1000, 2000]: rank ceil(0.8 · 3) = 3
-    rate.observe(0, 1.0)  # nothing prefilled / no time: no information
-    rate.observe(100, 0.0)
-    rate.observe(1000, 0.25)
-    rate.observe(1000, 4.0)
+    rate.observe(1000, 0.0, now=0.0)  # no time: no information
+    rate.observe(99, 1.0, now=0.0)  # under prefill_rate_min_prompt_tokens: no sample
+    rate.observe(1000, 0.25, now=0.0)
+    rate.observe(1000, 4.0, now=0.0)
     assert rate.tokens_per_s == 2000.0  # [250, 500, 1000, 2000, 4000]: rank 4
-    rate.observe(100, 1.0)
-    rate.observe(100, 1.0)  # the window of 5 drops 1000 and 2000
+    rate.observe(100, 1.0, now=0.0)
+    rate.observe(100, 1.0, now=0.0)  # the window of 5 drops 1000 and 2000
     assert rate.tokens_per_s == 500.0  # [100, 100, 250, 500, 4000]
-    rate.configure(QueuePolicy(prefill_rate_window=2, prefill_rate_min_samples=1))  # reload keeps the newest
-    assert rate.tokens_per_s == 100.0
+    rate.configure(
+        QueuePolicy(prefill_rate_window=2, prefill_rate_min_samples=1, prefill_rate_floor_fraction=0)
+    )
+    assert rate.tokens_per_s == 100.0  # a reload keeps the newest
+
+
+def test_tiny_prompts_give_no_rate_sample() -> None:
+    """The outage: TTFTs of tiny prompts measured while the gateway itself was CPU-queued (2.067 s for
+    10 tokens) read as 4.8 tokens/s. They are fixed overhead, not prefill: the prior holds."""
+    rate = PrefillRate(QueuePolicy())  # default: prompts under 512 tokens give no sample
+    for _ in range(64):
+        rate.observe(10, 2.067, now=0.0)
+    rate.observe(511, 2.067, now=0.0)
+    assert rate.at(0.0) == 10000.0
+    for _ in range(4):
+        rate.observe(512, 0.0625, now=0.0)
+    assert rate.at(0.0) == 8192.0
+
+
+def test_rate_never_falls_under_its_floor() -> None:
+    rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=8000.0))  # floor 0.25 · 8000
+    for _ in range(64):
+        rate.observe(1000, 100.0, now=0.0)  # 10 tokens/s
+    assert rate.at(0.0) == 2000.0
+    rate.observe(4000, 0.5, now=0.0)  # above the floor, but one sample is not the 0.9 quantile of 64
+    assert rate.at(0.0) == 2000.0
+
+
+def test_samples_expire_so_the_rate_recovers() -> None:
+    rate = PrefillRate(QueuePolicy(prefill_rate_max_age_s=30.0))
+    for i in range(8):
+        rate.observe(1024, 0.25, now=100.0 + i)  # 4096 tokens/s, at 100 … 107
+    assert rate.at(129.0) == 4096.0
+    assert rate.at(130.0) == 4096.0  # the sample of 100 is gone, seven left
+    assert rate.at(133.5) == 4096.0  # samples of 100 … 103 gone: four left, still measured
+    assert rate.at(134.0) == 10000.0  # three left, under prefill_rate_min_samples: the prior again
+    rate.observe(1024, 0.5, now=134.0)
+    assert rate.at(134.0) == 4096.0  # 2048 joins 4096 ×3: rank ceil(0.9 · 4) = 4
 
 
 def test_sweep_uses_one_projection_and_discounts_what_it_shed() -> None:
