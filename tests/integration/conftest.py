@@ -118,6 +118,12 @@ class Admin:
     def close(self) -> None:
         self.http.close()
 
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def chat_body(max_tokens: int = 20) -> dict[str, Any]:
     """A chat request the simulator answers with exactly 11 prompt and `max_tokens` output tokens."""

@@ -399,6 +399,8 @@ def test_redis_outage_fails_open_or_closed_per_config_and_recovers_by_itself(
         config = write_config(tmp_path / f"{mode}.yaml", sim.url, store, tenants)
         gws[mode] = procs.gateway(config, name=f"fail-{mode}")
         assert chat(gws[mode].url, key).status_code == 200  # the replica now caches the key and tenant
+        with Admin(gws[mode].url) as admin:  # reconciled before the outage, so no reconcile is lost to it
+            assert wait_for(lambda: admin.usage(f"t-{mode}")["concurrent"]["active"] == 0)  # noqa: B023
 
     server.kill()
     # fail-open: admitted under the replica's own in-memory limits (a fresh 3 rpm), then refused by them
