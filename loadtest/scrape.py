@@ -128,8 +128,8 @@ def summarize_samples(samples: list[Sample], time_scale: float = 1.0) -> dict[st
         None
         if p99 is None
         else {
-            "p50": (histogram_quantile(queue, 0.5) or 0.0) * 1000 * time_scale,
-            "p99": p99 * 1000 * time_scale,
+            "p50": (histogram_quantile(queue, 0.5) or 0.0) * 1000,
+            "p99": p99 * 1000,
         }
     )
     out["retractions"] = retractions
