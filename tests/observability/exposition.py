@@ -49,3 +49,48 @@ def exported_names(registry: CollectorRegistry) -> set[str]:
             names.add(family.name + suffix)
         names.update(s.name for s in family.samples)
     return names
+
+
+def family_signatures(text: str, declared: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """Family -> "type label,names" for every family a /metrics body describes, samples or not.
+
+    Label names come from the family's samples (`le`/`quantile` aside); a labelled family nothing has touched
+    yet has none, so its names come from `declared` (`label_names(registry)`), and `<family>_created` gauges
+    are left out. That keeps a snapshot the same whichever other tests ran first in the process and touched
+    more children of the shared registry.
+    """
+    families = list(text_string_to_metric_families(text))
+    names = {f.name for f in families}
+    out: dict[str, str] = {}
+    for family in families:
+        if family.name.endswith("_created") and family.name.removesuffix("_created") in names:
+            continue  # prometheus-client's creation timestamps: present only once a child exists
+        keys = {k for sample in family.samples for k in sample.labels if k not in ("le", "quantile")}
+        if not family.samples:
+            keys = set(declared.get(family.name, ()))
+        out[family.name] = f"{family.type} {','.join(sorted(keys)) or '-'}"
+    return out
+
+
+def unsampled_families(text: str) -> set[str]:
+    """Families a /metrics body declares (HELP/TYPE) without a single sample."""
+    return {f.name for f in text_string_to_metric_families(text) if not f.samples}
+
+
+def sample_value(text: str, name: str, **labels: str) -> float | None:
+    """The value of the one sample with exactly this name and these labels, or None if absent."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return None
+
+
+def sample_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples named `name` whose labels include `labels` (e.g. all backends of one pool)."""
+    return sum(
+        float(s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
