@@ -19,7 +19,7 @@ STORE_ERRORS = Counter(
 )
 FAIL_OPEN_ADMISSIONS = Counter(
     "omnigate_quota_fail_open_admissions_total",
-    "Reservations decided by local in-memory limits because the shared store was down (fail-open).",
+    "Requests admitted under local in-memory limits because the shared store was down (fail-open).",
     registry=REGISTRY,
 )
 QUOTA_DENIALS = Counter(

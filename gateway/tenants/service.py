@@ -231,9 +231,10 @@ class TenantService:
                 raise ApiError(
                     503, "The quota store is unavailable.", code="quota_store_unavailable"
                 ) from None
-            metrics.FAIL_OPEN_ADMISSIONS.inc()
             res.local = True
             denial = self.local.try_reserve(tenant.id, tenant.quotas, res.charge, now)
+            if denial is None:
+                metrics.FAIL_OPEN_ADMISSIONS.inc()
         if denial is not None:
             metrics.QUOTA_DENIALS.labels(denial.limit).inc()
             raise QuotaExceeded(tenant, denial)
