@@ -1,0 +1,503 @@
+"""Scheduling benchmark: does omnigate's admission beat clients going straight to the engine?
+
+    .venv/bin/python bench/scheduling.py                       # every scenario, a few minutes
+    .venv/bin/python bench/scheduling.py --scenarios compare --workloads seed --duration 120
+
+Simulated SGLang Omni backends (`python -m loadtest.sim`, default profile, engine cap 64, priority
+scheduling) run `--time-scale` times faster than real time; the gateway is a real `omnigate serve`
+whose policy has every time divided by the same factor, so the whole house runs on one compressed clock
+and every figure below is printed in the simulated engine's seconds. Load and metrics come from the
+harness (`loadtest.runner.execute`, `loadtest.results.build_result`); the client's send lag (wall ms)
+is printed so an overloaded load generator shows.
+
+Scenarios (each a flag-sized run; `--duration` is simulated seconds per run):
+- compare: per workload (seed 5:3:2, text-heavy, multi-image-heavy; Poisson on a sawtooth QPS):
+  direct to the engines (cap 64), omnigate with a fixed concurrency limit for each `--sweep` value,
+  omnigate adaptive (the policy's gradient controller). Targets: adaptive ≥ 1.5× direct goodput under
+  the sawtooth peak, and ≥ 95 % of the best fixed limit's.
+- flood: a low-priority flood at 3× capacity next to a high-priority stream; high TTFT P99 ≤ its SLO.
+- tenants: a light tenant alone, then beside a tenant sending 10× its rate; light TTFT P99 ≤ 1.2× alone.
+- mixed: interactive (high priority) beside an offline flood in one pool; interactive attainment ≥ 99 %
+  while offline uses ≥ 80 % of the capacity interactive leaves (capacity: an offline-only run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._servers import ROOT, Procs, cpu_seconds, free_port, wait_http
+from gateway.policy import Policy
+from loadtest.media import MediaCache
+from loadtest.metrics import meets_slo, summarize
+from loadtest.records import RequestRecord
+from loadtest.results import build_result
+from loadtest.runner import RunOptions, execute
+from loadtest.workload import RequestFactory, Workload, load_workload
+
+MODEL = "Qwen/Qwen2.5-Omni-7B"
+SEED_WORKLOAD = ROOT / "loadtest" / "workloads" / "seed.yaml"
+TTFT_SLO_S, TPOT_SLO_S = 2.0, 0.06  # interactive SLO (virtual seconds), as in policies/default.yaml
+MIXES = {
+    "seed": {"text": 5, "single_image": 3, "multi_image": 2},
+    "text": {"text": 9, "single_image": 1},
+    "multi": {"text": 1, "single_image": 1, "multi_image": 8},
+}
+# Measured request capacity of one default-profile engine at cap 64 with the seed mix (req/s, simulated);
+# the scenarios size their rates from it. `--capacity` overrides.
+CAPACITY_RPS = 5.0
+TENANTS = [
+    {"id": t, "keys": [f"sk-{t}"], "max_priority": 10, "default_class": "interactive"}
+    for t in ("hi", "lo", "light", "heavy", "chat", "batch")
+]
+
+
+# -- the house ------------------------------------------------------------------------------------------
+def scaled_policy(k: float, controller: dict[str, Any]) -> dict[str, Any]:
+    """The default policy with every duration divided by k (and the prefill-rate prior multiplied)."""
+    p = Policy().model_dump(mode="json")
+    q, b, w, c = p["queue"], p["budgets"], p["window"], p["controller"]
+    for cls in q["classes"].values():
+        for key in ("ttft_p99_s", "tpot_p99_s", "completion_deadline_s", "max_wait_s"):
+            if cls[key] is not None:
+                cls[key] /= k
+    q["classes"]["interactive"].update(ttft_p99_s=TTFT_SLO_S / k, tpot_p99_s=TPOT_SLO_S / k)
+    q["initial_prefill_tokens_per_s"] *= k
+    q["recheck_interval_s"] /= k
+    b["round_s"] /= k
+    w["max_window_s"] /= k
+    for acc in w["accumulate"].values():
+        acc["max_wait_s"] /= k
+    c["cooldown_s"] /= k
+    c.update(controller)
+    return {"version": 1, "queue": q, "budgets": b, "window": w, "controller": c}
+
+
+class House:
+    """The simulated engines (started once) and one gateway at a time in front of them."""
+
+    def __init__(self, procs: Procs, k: float, backends: int) -> None:
+        self.procs, self.k = procs, k
+        self.sims: list[str] = []
+        self.started: dict[str, float] = {}
+        for i in range(backends):
+            port = free_port()
+            argv = [sys.executable, "-m", "loadtest.sim", "--host", "127.0.0.1", "--port", str(port)]
+            argv += ["--time-scale", repr(k), "--max-running-requests", "64", "--schedule-policy", "priority"]
+            procs.start(f"sim{i}", [*argv, "--seed", str(i)])
+            wait_http(port, "/health", 60, procs, f"sim{i}")
+            self.sims.append(f"http://127.0.0.1:{port}")
+
+    def gateway(self, name: str, controller: dict[str, Any]) -> str:
+        port = free_port()
+        work = self.procs.workdir
+        (work / f"{name}-policy.yaml").write_text(yaml.safe_dump(scaled_policy(self.k, controller)))
+        config = {
+            "listen": {"host": "127.0.0.1", "port": port},
+            "policy_path": str(work / f"{name}-policy.yaml"),
+            "watch_policy": False,
+            "admin": {"token": "bench"},
+            "auth": {"required": True},
+            "store": {"kind": "memory"},
+            "access_log": False,
+            "tenants": TENANTS,
+            "pools": [
+                {
+                    "name": "interactive",
+                    "models": [MODEL],
+                    "backends": self.sims,
+                    "priority_scheduling": True,
+                    "health_interval_s": 0.25,
+                }
+            ],
+        }
+        (work / f"{name}.yaml").write_bytes(orjson.dumps(config))
+        argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / f"{name}.yaml")]
+        self.procs.start(name, [*argv, "--log-level", "warning"])
+        wait_http(port, "/readyz", 60, self.procs, name)
+        self.started[name] = time.monotonic()
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self, name: str, url: str) -> None:
+        """Print the gateway's own view (rejections by reason, final limits) and its CPU share (near
+        100 % means the gateway, not admission, set the figures), then stop it."""
+        pid = self.procs.procs[name].pid
+        cpu = cpu_seconds(pid) / max(1e-9, time.monotonic() - self.started.pop(name))
+        print(f"  {name}: gateway CPU {cpu:.0%} of one core", flush=True)
+        try:
+            pool = httpx.get(url + "/admin/state", headers={"authorization": "Bearer bench"}, timeout=5)
+            snap = pool.json()["pools"]["interactive"]
+            limits = [b["limit"] for b in snap["backends"]]
+            print(f"  {name}: rejections {snap['rejections']}, final limits {limits}", flush=True)
+        except (httpx.HTTPError, KeyError, ValueError) as e:
+            print(f"  {name}: no state ({e})", flush=True)
+        proc = self.procs.procs.pop(name)
+        proc.terminate()
+        proc.wait(10)
+
+    async def drained(self) -> None:
+        """Wait (≤ 120 s) until every engine is idle, so no run inherits the last one's backlog."""
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                loads = [(await client.get(s + "/v1/loads")).json()["loads"][0] for s in self.sims]
+                if all(ld["num_running_reqs"] + ld["num_waiting_reqs"] == 0 for ld in loads):
+                    return
+                await asyncio.sleep(0.2)
+        raise RuntimeError("engines still busy after the drain timeout")
+
+    async def generated_tokens(self) -> float:
+        """Σ `sglang:generation_tokens_total` over the engines (their own count, cut streams included)."""
+        total = 0.0
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+            for s in self.sims:
+                for line in (await client.get(s + "/metrics")).text.splitlines():
+                    if line.startswith("sglang:generation_tokens_total"):
+                        total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+# -- load -----------------------------------------------------------------------------------------------
+@dataclass
+class Stream:
+    """One open-loop stream of a run: a workload (rate, mix, key, priority, class) and its records."""
+
+    label: str
+    workload: Workload
+    records: list[RequestRecord] | None = None
+    result: dict[str, Any] | None = None
+
+
+def workload(args: argparse.Namespace, label: str, **over: Any) -> Workload:
+    base: dict[str, Any] = {
+        "name": label,
+        "model": MODEL,
+        "duration": args.duration,
+        "time_scale": args.time_scale,
+        "warmup": {"duration": 0},
+        "slo": {"ttft_ms": TTFT_SLO_S * 1000, "tpot_ms": TPOT_SLO_S * 1000},
+        "drain": args.drain,
+        "timeout": 600,
+        "arrivals.shape": "constant",
+        # two variants per image size: the engine only sees dimensions, and a small set keeps the
+        # harness' media prewarm (blocking, in the shared event loop) from delaying a parallel stream
+        "images.single_image.variants": 2,
+        "images.multi_image.variants": 2,
+    }
+    return load_workload(SEED_WORKLOAD, {**base, **over})
+
+
+async def run(house: House, url: str, streams: list[Stream]) -> float:
+    """Run every stream at once against `url`; returns the engines' generated tokens per simulated s."""
+    for s in streams:  # render media now, so no stream's start blocks another's sends
+        await asyncio.to_thread(RequestFactory(s.workload, MediaCache(None, s.workload.seed)).prewarm)
+    before = await house.generated_tokens()
+    window = asyncio.create_task(asyncio.sleep(max(s.workload.duration for s in streams) / house.k))
+
+    async def one(s: Stream) -> None:
+        opts = RunOptions(url=url, workload=s.workload, scrape_targets=house.sims, scrape_interval=0.25)
+        records, samples = await execute(opts)
+        s.records, s.result = records, build_result(records, samples, opts)
+        print(f"  {s.label}: failures {s.result['summary']['error_codes']}", flush=True)
+
+    tasks = [asyncio.create_task(one(s)) for s in streams]
+    await window
+    tokens = await house.generated_tokens() - before
+    await asyncio.gather(*tasks)
+    await house.drained()
+    return tokens / max(s.workload.duration for s in streams)
+
+
+def peak_goodput(s: Stream) -> float:
+    """Goodput of the requests sent in the top half of the sawtooth (offered rate ≥ the mid rate)."""
+    w = s.workload
+    shape = w.arrivals.build(w.duration)
+    mid = (w.arrivals.low + w.arrivals.high) / 2
+    recs = [r.scaled(w.time_scale) for r in s.records or [] if r.phase == "measured"]
+    if not recs:
+        return 0.0
+    t0 = min(r.scheduled for r in recs)
+    steps = [i / 10 for i in range(int(w.duration * 10))]
+    peak_s = sum(0.1 for t in steps if shape.rate(t) >= mid)
+    good = sum(1 for r in recs if shape.rate(r.scheduled - t0) >= mid and meets_slo(r, w.slo))
+    return good / peak_s if peak_s else 0.0
+
+
+# -- report ---------------------------------------------------------------------------------------------
+def _p(summary: dict[str, Any], key: str, q: str) -> str:
+    v = (summary.get(key) or {}).get(q)
+    return "—" if v is None else f"{v:.0f}"
+
+
+HEADER = (
+    "| run | stream | sent | SLO att. | goodput r/s | peak goodput | TTFT p50/p99 ms | TPOT p50/p99 ms "
+    "| rejected | errors | KV peak | send lag p99 ms |\n"
+    "|---|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|"
+)
+
+
+def row(run_name: str, s: Stream) -> str:
+    assert s.result is not None
+    m = s.result["summary"]
+    kv = (s.result["backend"].get("kv_usage") or {}).get("peak")
+    lag = s.result["client"]["send_lag_ms"] or {}
+    sawtooth = s.workload.arrivals.shape == "sawtooth"
+    return (
+        f"| {run_name} | {s.label} | {m['requests']} | {m['slo_attainment']:.1%} | {m['goodput']:.2f} "
+        f"| {f'{peak_goodput(s):.2f}' if sawtooth else '—'} "
+        f"| {_p(m, 'ttft_ms', 'p50')}/{_p(m, 'ttft_ms', 'p99')} "
+        f"| {_p(m, 'tpot_ms', 'p50')}/{_p(m, 'tpot_ms', 'p99')} "
+        f"| {m['rejection_rate']:.1%} | {m['error_rate']:.1%} | {'—' if kv is None else f'{kv:.0%}'} "
+        f"| {lag.get('p99', 0):.0f} |"
+    )
+
+
+def verdict(name: str, ok: bool, detail: str) -> str:
+    return f"- {'PASS' if ok else 'MISS'} {name}: {detail}"
+
+
+def ttft_p99(s: Stream) -> float:
+    return float(((s.result or {})["summary"].get("ttft_ms") or {}).get("p99", float("inf")))
+
+
+# -- scenarios ------------------------------------------------------------------------------------------
+async def compare(house: House, args: argparse.Namespace, mix: str) -> list[str]:
+    cap = args.capacity * len(house.sims)
+    over = {
+        "mix": MIXES[mix],
+        "arrivals": {
+            "shape": "sawtooth",
+            "process": "poisson",
+            "low": 0.3 * cap,
+            "high": 2.0 * cap,
+            "period": args.duration / 2,
+        },
+        "warmup": {"duration": 5, "rate": 0.3 * cap},
+        "api_key": "sk-chat",
+    }
+    setups: list[tuple[str, dict[str, Any] | None]] = [("direct (cap 64)", None)]
+    setups += [(f"fixed {n}", {"algorithm": "fixed", "initial": n, "min": n, "max": n}) for n in args.sweep]
+    setups.append(("adaptive", {}))
+    peaks: dict[str, float] = {}
+    lines = [
+        f"\n### compare — workload `{mix}` {MIXES[mix]}, sawtooth {0.3 * cap:.1f}→{2.0 * cap:.1f} req/s\n"
+    ]
+    lines.append(HEADER)
+    for name, controller in setups:
+        s = Stream(mix, workload(args, mix, **over))
+        if controller is None:
+            url = house.sims[0]
+            if len(house.sims) > 1:
+                raise SystemExit("direct runs drive one engine: use --backends 1")
+            await run(house, url, [s])
+        else:
+            gw_name = "gw-" + name.replace(" ", "-")
+            gw = house.gateway(gw_name, controller)
+            try:
+                await run(house, gw, [s])
+            finally:
+                house.stop(gw_name, gw)
+        peaks[name] = peak_goodput(s)
+        lines.append(row(name, s))
+        print(lines[-1], flush=True)
+    direct, adaptive = peaks["direct (cap 64)"], peaks["adaptive"]
+    best_name = max((n for n in peaks if n.startswith("fixed")), key=peaks.__getitem__)
+    best = peaks[best_name]
+    lines.append("")
+    lines.append(
+        verdict(
+            "adaptive ≥ 1.5× direct (peak goodput)",
+            adaptive >= 1.5 * max(direct, 1e-9),
+            f"{adaptive:.2f} vs {direct:.2f} r/s = {adaptive / max(direct, 1e-9):.2f}×",
+        )
+    )
+    lines.append(
+        verdict(
+            f"adaptive within 5 % of best fixed ({best_name})",
+            adaptive >= 0.95 * best,
+            f"{adaptive:.2f} vs {best:.2f} r/s = {adaptive / max(best, 1e-9):.0%}",
+        )
+    )
+    return lines
+
+
+async def gateway_run(house: House, name: str, streams: list[Stream]) -> float:
+    gw = house.gateway(name, {})
+    try:
+        return await run(house, gw, streams)
+    finally:
+        house.stop(name, gw)
+
+
+async def flood(house: House, args: argparse.Namespace) -> list[str]:
+    cap = args.capacity * len(house.sims)
+    hi = Stream(
+        "high priority",
+        workload(args, "hi", api_key="sk-hi", priorities=[{"value": 10}], **{"arrivals.rate": 0.3 * cap}),
+    )
+    lo = Stream(
+        "low flood 3×",
+        workload(
+            args, "lo", api_key="sk-lo", priorities=[{"value": 0}], seed=43, **{"arrivals.rate": 3 * cap}
+        ),
+    )
+    await gateway_run(house, "gw-flood", [hi, lo])
+    out = ["\n### flood — low priority at 3× capacity beside a high-priority stream\n", HEADER]
+    out += [row("adaptive", hi), row("adaptive", lo), ""]
+    out.append(
+        verdict(
+            "high-priority TTFT P99 within its SLO",
+            ttft_p99(hi) <= TTFT_SLO_S * 1000,
+            f"{ttft_p99(hi):.0f} ms vs {TTFT_SLO_S * 1000:.0f} ms",
+        )
+    )
+    return out
+
+
+async def tenants(house: House, args: argparse.Namespace) -> list[str]:
+    cap = args.capacity * len(house.sims)
+    rate = 0.25 * cap
+
+    def light() -> Stream:
+        return Stream("light", workload(args, "light", api_key="sk-light", **{"arrivals.rate": rate}))
+
+    alone = light()
+    await gateway_run(house, "gw-light", [alone])
+    shared = light()
+    heavy = Stream(
+        "heavy 10×", workload(args, "heavy", api_key="sk-heavy", seed=44, **{"arrivals.rate": 10 * rate})
+    )
+    await gateway_run(house, "gw-tenants", [shared, heavy])
+    out = ["\n### tenants — a light tenant alone, then beside one sending 10× its rate\n", HEADER]
+    out += [row("alone", alone), row("beside heavy", shared), row("beside heavy", heavy), ""]
+    ratio = ttft_p99(shared) / max(ttft_p99(alone), 1e-9)
+    out.append(
+        verdict(
+            "light TTFT P99 ≤ 1.2× its value alone",
+            ratio <= 1.2,
+            f"{ttft_p99(shared):.0f} vs {ttft_p99(alone):.0f} ms = {ratio:.2f}×",
+        )
+    )
+    return out
+
+
+async def mixed(house: House, args: argparse.Namespace) -> list[str]:
+    cap = args.capacity * len(house.sims)
+
+    def batch() -> Stream:
+        return Stream(
+            "offline flood",
+            workload(
+                args,
+                "batch",
+                api_key="sk-batch",
+                seed=45,
+                classes=[{"name": "offline"}],
+                priorities=[{"value": 0}],
+                **{"arrivals.rate": 2 * cap, "slo": {}},
+            ),
+        )
+
+    alone = batch()
+    capacity = await gateway_run(house, "gw-offline", [alone])
+    chat = Stream(
+        "interactive",
+        workload(
+            args,
+            "chat",
+            api_key="sk-chat",
+            priorities=[{"value": 10}],
+            classes=[{"name": "interactive"}],
+            **{"arrivals.rate": 0.4 * cap},
+        ),
+    )
+    shared = batch()
+    total = await gateway_run(house, "gw-mixed", [chat, shared])
+    assert chat.records is not None
+    chat_rate = summarize(
+        [r.scaled(args.time_scale) for r in chat.records if r.phase == "measured"], chat.workload.slo
+    )["output_throughput"]
+    left = capacity - chat_rate
+    used = (total - chat_rate) / left if left > 0 else 0.0
+    att = (chat.result or {})["summary"]["slo_attainment"]
+    out = ["\n### mixed — interactive (high priority) beside an offline flood, one pool\n", HEADER]
+    out += [row("offline alone", alone), row("mixed", chat), row("mixed", shared), ""]
+    out.append(
+        f"engine tokens/s: offline alone {capacity:.0f}, mixed total {total:.0f}, interactive {chat_rate:.0f}"
+    )
+    out.append(verdict("interactive SLO attainment ≥ 99 %", att >= 0.99, f"{att:.1%}"))
+    out.append(
+        verdict(
+            "offline uses ≥ 80 % of the capacity left over",
+            used >= 0.8,
+            f"{total - chat_rate:.0f} of {left:.0f} tokens/s = {used:.0%}",
+        )
+    )
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="omnigate-sched-") as tmp:
+        procs = Procs(Path(tmp))
+        try:
+            house = House(procs, args.time_scale, args.backends)
+            report: list[str] = []
+            started = time.monotonic()
+            for scenario in args.scenarios:
+                if scenario == "compare":
+                    for mix in args.workloads:
+                        report += await compare(house, args, mix)
+                else:
+                    report += await {"flood": flood, "tenants": tenants, "mixed": mixed}[scenario](
+                        house, args
+                    )
+            print("\n".join(report))
+            print(
+                f"\nwall time {time.monotonic() - started:.0f} s, time scale {args.time_scale:g}, "
+                f"{args.duration:g} simulated s per run, {len(house.sims)} engine(s)"
+            )
+        finally:
+            procs.close()
+
+
+def _list(kind: type) -> Any:
+    return lambda text: [kind(x) for x in text.split(",") if x]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenarios", type=_list(str), default=["compare", "flood", "tenants", "mixed"])
+    ap.add_argument(
+        "--workloads", type=_list(str), default=["seed", "text", "multi"], help="of: " + ",".join(MIXES)
+    )
+    ap.add_argument("--sweep", type=_list(int), default=[16, 32, 48], help="fixed concurrency limits")
+    ap.add_argument("--duration", type=float, default=60.0, help="simulated seconds per run")
+    ap.add_argument(
+        "--drain", type=float, default=20.0, help="simulated seconds to finish after the last send"
+    )
+    ap.add_argument("--time-scale", type=float, default=6.0)
+    ap.add_argument("--backends", type=int, default=1)
+    ap.add_argument(
+        "--capacity", type=float, default=CAPACITY_RPS, help="req/s one engine serves (sizes rates)"
+    )
+    args = ap.parse_args()
+    unknown = set(args.workloads) - set(MIXES)
+    if unknown:
+        ap.error(f"unknown workloads {sorted(unknown)}")
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
