@@ -289,7 +289,7 @@ async def test_dead_and_hung_sinks_never_hold_up_requests(
                 {"kind": "wecom", "name": "e2e-dead-hung", "url": hung},
                 {"kind": "webhook", "name": "e2e-dead-live", "url": receiver.url + "/dead-live"},
             ],
-            "timeout_s": 30.0,  # longer than the test: the hung sink's first delivery never ends
+            "timeout_s": 120.0,  # far longer than the test: the hung sink's first delivery never ends
             "retries": 1,
             "backoff_s": 0.01,
             "queue_size": queue_size,
