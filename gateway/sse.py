@@ -3,6 +3,11 @@
 The relay forwards every complete event unchanged, except the usage-only chunk the gateway asked for on the
 client's behalf. While passing through, it notes the first content token, the final usage and whether the
 stream ended properly with `[DONE]` — all without buffering more than one event.
+
+Per-event cost matters (a stream is hundreds of events; a substring scan costs a fifth of a JSON parse):
+once the first token is seen, a chunk whose top-level object ends in `"usage":null}` (compact JSON, as
+SGLang sends) and is not finished counts as a token without being parsed, unless its content is an empty
+string. Everything else (usage, errors, the finish chunk, other spellings) is parsed in full.
 """
 
 from __future__ import annotations
@@ -12,6 +17,10 @@ from typing import Any
 import orjson
 
 _SEP = b"\n\n"
+# Compact-JSON markers; JSON escaping keeps them out of string values.
+_NO_USAGE_END = b'"usage":null}'
+_NOT_FINISHED = b'"finish_reason":null'
+_EMPTY_CONTENT = b'"content":""'
 
 
 def _has_content(obj: dict[str, Any]) -> bool:
@@ -54,20 +63,20 @@ class SSERelay:
 
     def feed(self, data: bytes, now: float) -> bytes:
         buf = self._buf + data if self._buf else data
-        end = buf.rfind(_SEP)
-        if end < 0:
+        first = buf.find(_SEP)
+        if first < 0:
             self._buf = buf
             return b""
-        complete, self._buf = buf[: end + 2], buf[end + 2 :]
-        if not self.strip_usage:
-            for event in complete.split(_SEP)[:-1]:
-                self._inspect(event, now)
+        end = buf.rfind(_SEP) + 2
+        complete, self._buf = (buf, b"") if end == len(buf) else (buf[:end], buf[end:])
+        if first + 2 == end:  # one event, the usual case: no split, no join
+            return complete if self._inspect(complete[:first], now) else b""
+        events = complete.split(_SEP)
+        events.pop()  # the empty tail after the last separator
+        keep = [self._inspect(event, now) for event in events]
+        if all(keep):
             return complete
-        kept = []
-        for event in complete.split(_SEP)[:-1]:
-            if self._inspect(event, now):
-                kept.append(event + _SEP)
-        return b"".join(kept)
+        return b"".join(event + _SEP for event, kept in zip(events, keep, strict=True) if kept)
 
     def flush(self) -> bytes:
         """Whatever trailing bytes never formed a complete event; forwarded as they are."""
@@ -76,11 +85,11 @@ class SSERelay:
 
     def _inspect(self, event: bytes, now: float) -> bool:
         """Record what the event says; False for the injected usage chunk the client must not see."""
-        payload = None
-        for line in event.split(b"\n"):
-            if line.startswith(b"data:"):
-                payload = line[5:].strip()
-                break
+        if self.first_token_at is not None and event.startswith(b"data: ") and _plain_content(event):
+            self.content_chunks += 1
+            self.last_token_at = now
+            return True
+        payload = _data_line(event)
         if payload is None:
             return True
         if payload == b"[DONE]":
@@ -104,6 +113,20 @@ class SSERelay:
                 self.first_token_at = now
             self.last_token_at = now
         return not (self.strip_usage and obj.get("choices") == [] and isinstance(usage, dict))
+
+
+def _data_line(event: bytes) -> bytes | None:
+    if event.startswith(b"data: ") and b"\n" not in event:
+        return event[6:].strip()
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            return line[5:].strip()
+    return None
+
+
+def _plain_content(event: bytes) -> bool:
+    """A not-finished compact chunk with no usage and no empty content: a token, without a parse."""
+    return event.endswith(_NO_USAGE_END) and _NOT_FINISHED in event and _EMPTY_CONTENT not in event
 
 
 def error_event(message: str, code: int = 502, err_type: str = "upstream_error") -> bytes:
