@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 class BackendState:
     url: str
     pool: str
+    name: str = ""  # short stable id (`<pool>-<n>`): metric label, response header, alert field
     healthy: bool = True
     circuit: str = "closed"  # closed | open | half_open
     consecutive_failures: int = 0
@@ -30,6 +31,11 @@ class BackendState:
     running_reqs: int | None = None
     queue_reqs: int | None = None
     last_scrape: float = 0.0
+
+    @property
+    def label(self) -> str:
+        """How metrics, alerts and clients name this backend (the URL only if no id was given)."""
+        return self.name or self.url
 
     @property
     def available(self) -> bool:

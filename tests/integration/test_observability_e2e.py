@@ -360,18 +360,18 @@ async def test_kv_usage_rule_fires_then_resolves_through_the_live_gateway(
 
     assert firing_then_resolved[0] == firing
     resolved = firing_then_resolved[1]
-    assert (firing["kind"], firing["rule"], firing["key"]) == ("firing", "kv_usage", sim.url)
+    assert (firing["kind"], firing["rule"], firing["key"]) == ("firing", "kv_usage", f"{pool}-0")
     assert (resolved["kind"], resolved["status"], resolved["rule"], resolved["key"]) == (
         "resolved",
         "resolved",
         "kv_usage",
-        sim.url,
+        f"{pool}-0",
     )
     fields = firing["fields"]
     assert (fields["rule"], fields["pool"], fields["backend"], fields["threshold"]) == (
         "kv_usage",
         pool,
-        sim.url,
+        f"{pool}-0",
         0.05,
     )
     assert fields["KV usage"] > 0.05
