@@ -34,14 +34,16 @@ class Pool:
         self.name = config.name
         self._policy = policy
         self._clock = clock
-        self.backends = [BackendState(url=url, pool=config.name) for url in config.backends]
-        self.backend_ids = {b.url: f"{config.name}-{i}" for i, b in enumerate(self.backends)}
+        self.backends = [
+            BackendState(url=url, pool=config.name, name=f"{config.name}-{i}")
+            for i, url in enumerate(config.backends)
+        ]
         self.client: aiohttp.ClientSession | None = None
         self._probe: aiohttp.ClientSession | None = None
 
     def backend_id(self, state: BackendState) -> str:
         """A stable short name for a backend, safe to show clients and use as a metric label."""
-        return self.backend_ids[state.url]
+        return state.name
 
     async def start(self) -> None:
         """Open the sessions; timeouts come per request from the live policy (gateway/proxy.py)."""
