@@ -165,3 +165,20 @@ def test_sweep_uses_one_projection_and_discounts_what_it_shed() -> None:
     g.queue.push(after)
     shed = g.sweep(now=1000.0, backends=1)
     assert [e for e, _ in shed] == [doomed] and after.queued
+
+
+def test_the_head_is_never_refused_by_prediction_while_a_backend_has_room() -> None:
+    room = {"free": True}
+    rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=1000.0))
+    g = QueueGuard(SLOQueue(VirtualTokenCounters()), rate, "interactive", has_room=lambda e: room["free"])
+    head = entry(ticket(priority=10, prompt=750, deadline=1000.5), TIGHT)  # 0.75 s of prefill alone
+    g.admit(head, now=1000.0, backends=1)  # would start now: the prediction does not refuse it
+    behind = entry(ticket(priority=5, prompt=250), TIGHT)  # behind head: 1 s > 0.5 s
+    with pytest.raises(ApiError):
+        g.admit(behind, now=1000.0, backends=1)
+    g.queue.push(behind)
+    shed = g.sweep(now=1000.0, backends=1)
+    assert [e for e, _ in shed] == [behind] and head.queued  # only the head is exempt
+    room["free"] = False  # no backend can take it now: the prediction applies again
+    assert [e for e, _ in g.sweep(now=1000.0, backends=1)] == [head]
+    assert g.rejections == {("slo_unattainable", "interactive"): 3}
