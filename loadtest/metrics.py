@@ -118,6 +118,9 @@ def summarize(
         "error_rate": rate(n - n_ok - rejected),
         "error_codes": dict(Counter(r.error or f"http_{r.status}" for r in records if not r.ok)),
         "send_lag_ms": stats(_ms(r.send_lag for r in records)),
+        "outer_wait_ms": stats(_ms(r.outer_wait for r in records))
+        if any(r.outer_wait for r in records)
+        else None,
         "gpu_seconds_per_success": (gpus * dur / n_ok) if gpus > 0 and n_ok else None,
     }
 

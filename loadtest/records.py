@@ -22,6 +22,7 @@ class RequestRecord:
     worker: int = 0
     scheduled: float = 0.0
     sent: float = 0.0
+    outer_wait: float = 0.0  # held back by the harness's in-flight cap (RunOptions.max_in_flight)
     ttft: float | None = None
     e2e: float | None = None
     chunk_times: list[float] = field(default_factory=list)
@@ -41,7 +42,8 @@ class RequestRecord:
 
     @property
     def send_lag(self) -> float:
-        return self.sent - self.scheduled
+        """The load generator's own lateness; time deliberately held by the in-flight cap is not lag."""
+        return self.sent - self.scheduled - self.outer_wait
 
     @property
     def queue_ms(self) -> float | None:
@@ -56,6 +58,7 @@ class RequestRecord:
         out = RequestRecord(**asdict(self))
         out.scheduled *= factor
         out.sent *= factor
+        out.outer_wait *= factor
         out.ttft = None if self.ttft is None else self.ttft * factor
         out.e2e = None if self.e2e is None else self.e2e * factor
         out.chunk_times = [c * factor for c in self.chunk_times]

@@ -3,6 +3,12 @@
 Open loop means the send schedule is fixed before the run and never waits for responses: each send is
 its own task, so a slow server shows up as latency, not as a lower offered rate. The client measures
 its own send lag (actual − scheduled send time) so a saturated load generator is visible in results.
+
+`max_in_flight` adds an outer admission layer in the harness itself: the schedule stays open loop, but at
+most that many requests are at the server at once; the rest wait in the client, in arrival order. The
+time each request is held is recorded as its `outer_wait` (never as send lag, never hidden), and a
+request still held when the drain window closes is recorded as shed by that layer (408,
+`outer_queue_timeout`), as a gateway's queue timeout would answer it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class RunOptions:
     gpus: float = 0.0
     progress: bool = False
     cache_dir: Path | None = None
+    max_in_flight: int | None = None  # outer admission layer: at most this many at the server at once
 
 
 @dataclass(slots=True)
@@ -105,15 +112,41 @@ class Worker:
         self.factory = RequestFactory(opts.workload, media, worker)
         self.records: list[RequestRecord] = []
         self._tasks: set[asyncio.Task[RequestRecord]] = set()
+        cap = opts.max_in_flight
+        self._gate = None if cap is None else asyncio.Semaphore(max(1, _share(cap, worker, opts.workers)))
 
     def _launch(self, req: PreparedRequest, phase: str, scheduled: float) -> asyncio.Task[RequestRecord]:
         rec = RequestRecord(phase=phase, worker=self.worker, scheduled=scheduled)
         self.records.append(rec)
         w = self.opts.workload
-        task = asyncio.create_task(send(self.pool, req, rec, self.start, w.timeout / w.time_scale))
+        deadline = w.timeout / w.time_scale
+        gate = self._gate
+        coro = (
+            send(self.pool, req, rec, self.start, deadline) if gate is None else self._gated(gate, req, rec)
+        )
+        task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    async def _gated(
+        self, gate: asyncio.Semaphore, req: PreparedRequest, rec: RequestRecord
+    ) -> RequestRecord:
+        """Send once the outer in-flight cap has room; the time held is the record's outer wait."""
+        w = self.opts.workload
+        held = time.perf_counter()
+        try:
+            await gate.acquire()
+        except asyncio.CancelledError:
+            now = time.perf_counter()
+            rec.sent, rec.outer_wait, rec.e2e = now - self.start, now - held, 0.0
+            rec.status, rec.error = 408, "outer_queue_timeout"
+            raise
+        try:
+            rec.outer_wait = time.perf_counter() - held
+            return await send(self.pool, req, rec, self.start, w.timeout / w.time_scale)
+        finally:
+            gate.release()
 
     async def open_loop(self, plan: Plan, origin: float) -> None:
         reqs = plan.requests
