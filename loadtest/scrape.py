@@ -29,9 +29,14 @@ WATCHED = {
     "sglang:num_retracted_reqs": "retracted_now",
 }
 MAX_REDUCED = frozenset({"kv_usage"})
-# The engine's own queue-time histogram: queue P99 against a bare engine, where no gateway header exists.
-QUEUE_HISTOGRAM = "sglang:queue_time_seconds_bucket"
-QUEUE_PREFIX = "queue_le:"
+# The engine's own latency histograms (bucket name → sample-key prefix): engine-side queue time and TTFT,
+# measured from the moment a request reaches the engine (behind any outer layer that held it before).
+HISTOGRAMS = {
+    "sglang:queue_time_seconds_bucket": "queue_le:",
+    "sglang:time_to_first_token_seconds_bucket": "ttft_le:",
+}
+QUEUE_PREFIX = HISTOGRAMS["sglang:queue_time_seconds_bucket"]
+TTFT_PREFIX = HISTOGRAMS["sglang:time_to_first_token_seconds_bucket"]
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -45,8 +50,9 @@ def parse_prometheus(text: str) -> dict[str, float]:
         else:
             name, _, rest = line.partition(" ")
         key = WATCHED.get(name)
-        if name == QUEUE_HISTOGRAM and 'le="' in line:
-            key = QUEUE_PREFIX + line.split('le="', 1)[1].split('"', 1)[0]
+        prefix = HISTOGRAMS.get(name)
+        if prefix is not None and 'le="' in line:
+            key = prefix + line.split('le="', 1)[1].split('"', 1)[0]
         if key is None:
             continue
         try:
@@ -121,17 +127,9 @@ def summarize_samples(samples: list[Sample], time_scale: float = 1.0) -> dict[st
         if totals:
             retractions += max(totals) - totals[0]
         crashes += sum(prev.up and not cur.up for prev, cur in itertools.pairwise(seq))
-    # The engine observes queue time on its own clock (virtual seconds for the simulator): no scaling.
-    queue = histogram_delta(by_target.values())
-    p99 = histogram_quantile(queue, 0.99)
-    out["engine_queue_ms"] = (
-        None
-        if p99 is None
-        else {
-            "p50": (histogram_quantile(queue, 0.5) or 0.0) * 1000,
-            "p99": p99 * 1000,
-        }
-    )
+    # The engine observes these on its own clock (virtual seconds for the simulator): no scaling.
+    out["engine_queue_ms"] = histogram_ms(histogram_delta(by_target.values(), QUEUE_PREFIX))
+    out["engine_ttft_ms"] = histogram_ms(histogram_delta(by_target.values(), TTFT_PREFIX))
     out["retractions"] = retractions
     out["crashes"] = crashes
     out["series"] = [
@@ -147,17 +145,25 @@ def summarize_samples(samples: list[Sample], time_scale: float = 1.0) -> dict[st
     return out
 
 
-def histogram_delta(per_target: Iterable[list[Sample]]) -> dict[float, float]:
+def histogram_ms(buckets: dict[float, float]) -> dict[str, float] | None:
+    """P50 / P99 in milliseconds of a histogram in seconds, or None when it saw nothing."""
+    p99 = histogram_quantile(buckets, 0.99)
+    if p99 is None:
+        return None
+    return {"p50": (histogram_quantile(buckets, 0.5) or 0.0) * 1000, "p99": p99 * 1000}
+
+
+def histogram_delta(per_target: Iterable[list[Sample]], prefix: str) -> dict[float, float]:
     """Cumulative bucket counts gained during the window, summed over targets: {upper bound: count}."""
     total: dict[float, float] = {}
     for seq in per_target:
-        seen = [s.values for s in seq if any(k.startswith(QUEUE_PREFIX) for k in s.values)]
+        seen = [s.values for s in seq if any(k.startswith(prefix) for k in s.values)]
         if not seen:
             continue
         first, last = seen[0], seen[-1]
         for k, v in last.items():
-            if k.startswith(QUEUE_PREFIX):
-                bound = float(k[len(QUEUE_PREFIX) :])
+            if k.startswith(prefix):
+                bound = float(k[len(prefix) :])
                 total[bound] = total.get(bound, 0.0) + v - first.get(k, 0.0)
     return total
 
