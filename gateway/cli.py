@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import atexit
 import logging
-import logging.handlers
 import os
-import queue
 import sys
 from pathlib import Path
 
@@ -18,19 +15,12 @@ from gateway.policy import Policy, PolicyError, diff_policies, load_policy, poli
 
 
 def _setup_logging(level: str) -> None:
-    """Lines are written to stderr by a listener thread, so a slow terminal or pipe never stalls the event
-    loop; httpx's one INFO line per request (admin and alert clients) stays out of the access log."""
-    fmt = "%(message)s" if level == "access" else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    stderr = logging.StreamHandler()
-    stderr.setFormatter(logging.Formatter(fmt))
-    lines: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    listener = logging.handlers.QueueListener(lines, stderr)
-    listener.start()
-    atexit.register(listener.stop)
+    """Plain stderr handler: a QueueHandler/QueueListener was measured costlier on the event loop itself
+    (~26 vs ~23 µs per access line, +50 % process CPU). httpx's INFO line per request (admin and alert
+    clients) stays out of the log."""
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
-        handlers=[logging.handlers.QueueHandler(lines)],
-        force=True,
+        format="%(message)s" if level == "access" else "%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     for chatty in ("httpx", "httpcore"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
