@@ -13,16 +13,21 @@ gauges are sampled after every step instead of every half second (so peaks are a
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from loadtest.arrivals import constant_shape, schedule
 from loadtest.media import MediaCache
-from loadtest.metrics import error_bursts, stats, summarize
+from loadtest.metrics import error_bursts, summarize
 from loadtest.records import RequestRecord
+from loadtest.scrape import histogram_ms
 from loadtest.sim.engine import Engine, EngineConfig, EngineError, SimRequest
+from loadtest.sim.metrics import QUEUE_BUCKETS, TTFT_BUCKETS
 from loadtest.sim.profile import Profile
 from loadtest.sim.tokens import PromptCounter
 from loadtest.workload import RequestFactory, Workload
@@ -43,7 +48,8 @@ class Gauges:
     queued_peak: int = 0
     retracted: int = 0
     crashes: int = 0
-    queue_s: list[float] = field(default_factory=list)
+    queue_s: list[float] = field(default_factory=list)  # engine-side, observed in the measured window
+    ttft_s: list[float] = field(default_factory=list)
 
 
 def arrivals(w: Workload, profile: Profile, media: MediaCache | None = None) -> list[Arrival]:
@@ -76,20 +82,36 @@ def arrivals(w: Workload, profile: Profile, media: MediaCache | None = None) -> 
     return out
 
 
-def run(engine: Engine, sends: list[Arrival], end: float) -> tuple[list[RequestRecord], Gauges]:
-    """Feed the sends, step until `end` (the harness's drain deadline); measured records and gauges."""
+def run(
+    engine: Engine, sends: list[Arrival], end: float, max_in_flight: int | None = None
+) -> tuple[list[RequestRecord], Gauges]:
+    """Feed the sends, step until `end` (the harness's drain deadline); measured records and gauges.
+
+    With `max_in_flight` the client holds arrivals in FIFO order while that many are at the engine and
+    releases one whenever one finishes (the harness's outer in-flight cap, RunOptions.max_in_flight).
+    """
     g = Gauges()
     rejected: set[str] = set()
+    released: dict[str, float] = {}
     measured_start = min((a.t for a in sends if a.phase == "measured"), default=0.0)
     total = engine.config.max_total_tokens
+    cap = max_in_flight if max_in_flight is not None else len(sends) + 1
+    slot_free = deque([0.0] * cap)  # when each free slot of the outer cap became free, oldest first
+    held: deque[Arrival] = deque()
     nxt = 0
-    while engine.now < end and (nxt < len(sends) or engine.has_work()):
+    while engine.now < end and (nxt < len(sends) or held or engine.has_work()):
         while nxt < len(sends) and sends[nxt].t <= engine.now:
-            try:
-                engine.submit(sends[nxt].req)
-            except EngineError:
-                rejected.add(sends[nxt].req.rid)
+            held.append(sends[nxt])
             nxt += 1
+        while held and slot_free:
+            a = held.popleft()
+            a.req.arrival = max(a.t, slot_free.popleft())
+            released[a.req.rid] = a.req.arrival
+            try:
+                engine.submit(a.req)
+            except EngineError:
+                rejected.add(a.req.rid)
+                slot_free.append(a.req.arrival)
         res = engine.step()
         if res is None:
             if nxt < len(sends):
@@ -99,46 +121,75 @@ def run(engine: Engine, sends: list[Arrival], end: float) -> tuple[list[RequestR
             else:
                 break
             continue
+        slot_free.extend(res.end for _ in (*res.finished, *res.failed))
+        for r in res.emitted:
+            if len(r.token_times) == 1 and res.end >= measured_start:  # as SimMetrics observes them
+                g.ttft_s.append(r.token_times[0] - r.arrival)
+                if r.admitted_at is not None:
+                    g.queue_s.append(r.admitted_at - r.arrival)
         if res.start >= measured_start:
             g.kv_peak = max(g.kv_peak, engine.used_tokens / total)
             g.running_peak = max(g.running_peak, engine.num_running)
             g.queued_peak = max(g.queued_peak, len(engine.waiting))
             g.retracted += len(res.retracted)
             g.crashes += res.kind == "crash"
-    records = []
-    for a in sends:
-        if a.phase != "measured":
-            continue
-        r = a.req
-        if r.admitted_at is not None:
-            g.queue_s.append(r.admitted_at - r.arrival)
-        records.append(_record(a, r.rid in rejected, end))
+    records = [
+        _record(a, a.req.rid in rejected, released.get(a.req.rid), end)
+        for a in sends
+        if a.phase == "measured"
+    ]
     return records, g
 
 
-def _record(a: Arrival, rejected: bool, end: float) -> RequestRecord:
+def _record(a: Arrival, rejected: bool, sent: float | None, end: float) -> RequestRecord:
     r = a.req
-    rec = RequestRecord(bucket=a.bucket, scheduled=a.t, sent=a.t, prompt_tokens=r.prompt_tokens)
+    if sent is None:  # still held by the outer cap when the drain window closed
+        rec = RequestRecord(bucket=a.bucket, scheduled=a.t, sent=end, outer_wait=end - a.t, e2e=0.0)
+        rec.status, rec.error = 408, "outer_queue_timeout"
+        return rec
+    rec = RequestRecord(bucket=a.bucket, scheduled=a.t, sent=sent, outer_wait=sent - a.t)
+    rec.prompt_tokens = r.prompt_tokens
     if rejected:
         rec.status, rec.error, rec.e2e = 503, "http_503", 0.0
         return rec
     rec.status = 200 if r.error is None else r.error.status
-    rec.chunk_times = [t - a.t for t in r.token_times]
+    rec.chunk_times = [t - sent for t in r.token_times]
     rec.ttft = rec.chunk_times[0] if rec.chunk_times else None
     if r.error is not None:
         rec.error = "InternalServerError"
-        rec.e2e = (r.finished_at or end) - a.t
+        rec.e2e = (r.finished_at or end) - sent
     elif r.finished_at is None:
         rec.error = "unfinished"  # still running when the drain window closed
-        rec.e2e = end - a.t
+        rec.e2e = end - sent
     else:
-        rec.e2e = r.finished_at - a.t
+        rec.e2e = r.finished_at - sent
         rec.output_tokens = r.generated
     return rec
 
 
-def point(w: Workload, profile: Profile, config: EngineConfig, sends: list[Arrival]) -> dict[str, Any]:
-    """One sweep point as a run document with the fields validate-seed and the recommendation read."""
+def histogram(values: list[float], bounds: Sequence[float]) -> dict[float, float]:
+    """Cumulative bucket counts {upper bound: count} as the engine's Prometheus histogram would hold them."""
+    per = [0] * (len(bounds) + 1)
+    for v in values:
+        per[bisect.bisect_left(bounds, v)] += 1
+    out, acc = {}, 0
+    for b, n in zip([*bounds, math.inf], per, strict=True):
+        acc += n
+        out[float(b)] = float(acc)
+    return out
+
+
+def point(
+    w: Workload,
+    profile: Profile,
+    config: EngineConfig,
+    sends: list[Arrival],
+    max_in_flight: int | None = None,
+) -> dict[str, Any]:
+    """One sweep point as a run document with the fields validate-seed and the recommendation read.
+
+    Engine-side TTFT and queue quantiles go through the sim's own histogram buckets, as a scrape sees them.
+    """
     for a in sends:  # fresh engine state on the shared request list
         r = a.req
         r.generated = r.kv = r.retractions = 0
@@ -148,9 +199,8 @@ def point(w: Workload, profile: Profile, config: EngineConfig, sends: list[Arriv
     engine = Engine(config, profile.costs)
     drain = w.drain if w.drain is not None else w.timeout
     end = w.warmup.duration + w.duration + drain
-    records, g = run(engine, sends, end)
+    records, g = run(engine, sends, end, max_in_flight)
     summary = summarize(records, w.slo)
-    q = stats([s * 1000 for s in g.queue_s])
     bursts = error_bursts(records)
     return {
         "kind": "run",
@@ -160,7 +210,8 @@ def point(w: Workload, profile: Profile, config: EngineConfig, sends: list[Arriv
             "running": {"peak": g.running_peak},
             "queued": {"peak": g.queued_peak},
             "retractions": g.retracted,
-            "engine_queue_ms": q,
+            "engine_queue_ms": histogram_ms(histogram(g.queue_s, QUEUE_BUCKETS)),
+            "engine_ttft_ms": histogram_ms(histogram(g.ttft_s, TTFT_BUCKETS)),
         },
         "oom": {"crashes": g.crashes, "error_bursts": bursts, "detected": g.crashes > 0 or bursts > 0},
     }

@@ -36,3 +36,30 @@ def test_replay_measures_only_the_measured_phase_and_counts_queue_full_as_reject
     s = res["summary"]
     assert s["rejected"] > 0 and s["completed"] + s["rejected"] == 8 and s["errors"] == 0
     assert res["backend"]["queued"]["peak"] == 1 and res["oom"]["detected"] is False
+
+
+def test_replay_outer_cap_holds_arrivals_in_the_client_and_sheds_what_the_drain_never_released(
+    tmp_path: Path,
+) -> None:
+    w = load_workload(
+        None,
+        {
+            "mix": {"text": 1},
+            "arrivals": {"shape": "constant", "process": "constant", "rate": 4.0},
+            "duration": 2.0,
+            "warmup": {"duration": 0.0},
+            "output_tokens": {"dist": "fixed", "value": 50},
+            "drain": 60.0,
+        },
+    )
+    profile = load_profile("default")
+    sends = arrivals(w, profile, MediaCache(tmp_path, w.seed))
+    config = EngineConfig(max_total_tokens=100_000, max_running_requests=8)
+    res = point(w, profile, config, sends, max_in_flight=1)
+    s = res["summary"]
+    assert s["completed"] == 8 and res["backend"]["running"]["peak"] == 1
+    assert res["backend"]["queued"]["peak"] == 0  # the engine never sees more than the cap
+    assert s["outer_wait_ms"]["max"] > 0 and res["backend"]["engine_ttft_ms"]["p99"] > 0
+    short = w.model_copy(update={"drain": 0.5})
+    s = point(short, profile, config, sends, max_in_flight=1)["summary"]
+    assert s["error_codes"].get("outer_queue_timeout", 0) == s["rejected"] > 0
