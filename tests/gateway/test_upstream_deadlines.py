@@ -6,6 +6,7 @@ flip an outcome; what is asserted is the outcome (status, error event, upstream 
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import anyio
@@ -37,6 +38,7 @@ class SilentBackend:
     """Healthy, but sits on every completion request without answering; records when the gateway hangs up."""
 
     def __init__(self) -> None:
+        self.started = 0
         self.hung_up = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -50,6 +52,7 @@ class SilentBackend:
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"{}" if "info" in scope["path"] else b""})
             return
+        self.started += 1
         with anyio.move_on_after(STALL_S):
             while (await receive())["type"] != "http.disconnect":
                 pass
@@ -118,3 +121,20 @@ def test_slow_but_steady_stream_is_not_an_idle_gap(start_backend, start_gateway,
     gw = start_gateway([backend.url])
     resp = _post(gw.url, {**CHAT, "stream": True, "max_tokens": 40}, rid="steady-1")
     assert resp.content == expected_stream("chatcmpl-steady-1", "test-model", 40, False, 7)
+
+
+def test_client_leaving_a_whole_request_hangs_up_on_the_backend(start_gateway, policy_file):
+    """Non-streaming too: the client's disconnect closes the upstream connection (SGLang aborts on it)."""
+    _limits(policy_file)
+    backend = SilentBackend()
+    with serve(backend) as server:
+        gw = start_gateway([server.url])
+        body = orjson.dumps(CHAT)
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", gw.port)) as client:
+            client.sendall(head.encode() + body)
+            assert wait_for(lambda: backend.started == 1)
+        assert wait_for(lambda: backend.hung_up == 1)
