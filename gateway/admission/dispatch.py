@@ -1,7 +1,8 @@
 """The dispatcher of one pool: which waiting request goes to which backend, within the four budgets.
 
 A request goes to a backend only if all of these hold for that backend:
-- active requests < the backend's concurrency limit (limits.py);
+- active requests < the backend's concurrency limit (limits.py), less the headroom its band and its
+  tenant must leave free (slots.py);
 - prefill tokens released to it in the current round + the request's prompt ≤ the pool's prefill budget
   per round, except that a request larger than the whole budget may go alone into an empty round;
 - KV: max(scraped used tokens, gateway-reserved tokens) + the request's KV tokens ≤ watermark · the
@@ -15,6 +16,8 @@ Head-of-line: a request that is out only because of its own constraints (its buc
 backend, or it excludes the backends that have room) is skipped, so a multi_image at its cap never
 blocks text. A request that is out because of shared budgets (concurrency, prefill round, KV) blocks
 everything after it in the order: otherwise a stream of small requests would starve big ones forever.
+A tenant held back by its share (slots.py) is skipped like an own constraint: the slot it may not take is
+meant for the other tenants.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Iterable, Mapping
 
 from gateway.admission.queue import Entry
 from gateway.admission.settings import PoolBudgets
+from gateway.admission.slots import Holdings, SlotRule, SlotTurnover, slot_miss, slots_short
 from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
 
@@ -43,6 +47,9 @@ class Dispatcher:
         self.round_prefill: dict[str, int] = {}
         self.round_dispatched: dict[int, int] = {}  # band → dispatches this round
         self.round_band_prefill: dict[int, int] = {}  # band → prefill tokens released this round
+        self.rule = SlotRule()  # set by the scheduler from the policy before each decision
+        self.holdings = Holdings()
+        self.turnover: dict[str, SlotTurnover] = {}
 
     def round_open(self, now: float, budgets: PoolBudgets) -> bool:
         return self.round_started is not None and now < self.round_started + budgets.round_s
@@ -86,25 +93,29 @@ class Dispatcher:
     def shared_budget_miss(
         self, ticket: Ticket, backend: BackendState, budgets: PoolBudgets, limit: int, *, metered: bool = True
     ) -> str | None:
-        """The first shared budget `ticket` does not fit on `backend` (None: it fits). `metered=False`
+        """The first shared budget `ticket` does not fit on `backend` (None: it fits): a slot
+        ("concurrency", "band_reserve", "tenant_share"), "round_prefill", "kv_watermark". `metered=False`
         leaves out the round's prefill budget, which frees itself within `round_s`."""
-        if backend.active >= limit:
-            return "concurrency"
+        miss = slot_miss(ticket, backend, limit, self.rule, self.holdings)
+        if miss is not None:
+            return miss
         released = self.round_prefill.get(backend.url, 0)
         if metered and released and released + ticket.cost.prompt_tokens > budgets.prefill_tokens_per_round:
             return "round_prefill"
-        total = backend.max_total_tokens
-        if total is None or backend.active == 0:
-            return None
-        if kv_occupied(backend) + ticket.cost.kv_tokens > budgets.kv_watermark * total:
-            return "kv_watermark"
-        return None
+        return _kv_miss(ticket, backend, budgets)
 
     def blocked_by(
-        self, entry: Entry, backends: Iterable[BackendState], budgets: PoolBudgets, limits: Mapping[str, int]
+        self,
+        entry: Entry,
+        backends: Iterable[BackendState],
+        budgets: PoolBudgets,
+        limits: Mapping[str, int],
+        *,
+        new_round: bool = False,
     ) -> dict[str, str]:
-        """Why `entry` is not going to each backend now, for ops (empty: nothing stops it)."""
-        if not self.joins_round(entry):
+        """Why `entry` is not going to each backend now, for ops (empty: nothing stops it). `new_round`:
+        as a round opened now would judge it (no grouping, the round's prefill budget unspent)."""
+        if not new_round and not self.joins_round(entry):
             return {"*": "round_group"}
         cap = budgets.bucket_caps.get(entry.ticket.bucket)
         out: dict[str, str] = {}
@@ -115,7 +126,11 @@ class Dispatcher:
                 out[b.url] = "excluded"
             elif cap is not None and b.bucket_active.get(entry.ticket.bucket, 0) >= cap:
                 out[b.url] = "bucket_cap"
-            elif (miss := self.shared_budget_miss(entry.ticket, b, budgets, limits[b.url])) is not None:
+            elif (
+                miss := self.shared_budget_miss(
+                    entry.ticket, b, budgets, limits[b.url], metered=not new_round
+                )
+            ) is not None:
                 out[b.url] = miss
         return out
 
@@ -134,28 +149,45 @@ class Dispatcher:
             own = _own_backends(entry, usable, budgets)
             if not own:
                 continue
-            fitting = [b for b in own if self.shared_budgets_fit(entry.ticket, b, budgets, limits[b.url])]
-            if not fitting:
+            misses = [self.shared_budget_miss(entry.ticket, b, budgets, limits[b.url]) for b in own]
+            fitting = [b for b, miss in zip(own, misses, strict=True) if miss is None]
+            if fitting:
+                return entry, min(fitting, key=lambda b: (b.outstanding_tokens, b.active, b.url))
+            if any(miss != "tenant_share" for miss in misses):
                 return None
-            return entry, min(fitting, key=lambda b: (b.outstanding_tokens, b.active, b.url))
         return None
 
-    def has_room(
-        self, entry: Entry, backends: Iterable[BackendState], budgets: PoolBudgets, limits: Mapping[str, int]
-    ) -> bool:
-        """Could a backend take `entry` now, by every budget but the round's prefill budget (which frees
-        itself within `round_s`)? What the guard asks before refusing a request by prediction."""
-        own = _own_backends(entry, [b for b in backends if b.available], budgets)
-        return any(
-            self.shared_budget_miss(entry.ticket, b, budgets, limits[b.url], metered=False) is None
-            for b in own
-        )
+    def slot_wait(
+        self,
+        entry: Entry,
+        backends: Iterable[BackendState],
+        budgets: PoolBudgets,
+        limits: Mapping[str, int],
+        now: float,
+        max_age_s: float,
+    ) -> float | None:
+        """Seconds until a backend could take `entry` by every budget but the round's prefill budget
+        (which frees itself within `round_s`): 0.0 when one could now; else the soonest wait for the
+        releases its slot rules need, at each backend's recent turnover (`SlotTurnover`); None when no
+        backend can be predicted (KV full, no recent releases, own constraints). What the guard asks
+        before refusing a request by prediction."""
+        best: float | None = None
+        for b in _own_backends(entry, [b for b in backends if b.available], budgets):
+            if _kv_miss(entry.ticket, b, budgets) is not None:
+                continue
+            short = slots_short(entry.ticket, b, limits[b.url], self.rule, self.holdings)
+            turnover = self.turnover.get(b.url)
+            wait = 0.0 if short == 0 else None if turnover is None else turnover.wait(short, now, max_age_s)
+            if wait is not None and (best is None or wait < best):
+                best = wait
+        return best
 
     def commit(self, ticket: Ticket, backend: BackendState, *, loan: bool = False) -> None:
         """Account a dispatch on the backend (`release` undoes exactly that) and in the round. A loan
         (another pool's request on our backend) spends the round's prefill budget but is not our
         traffic: it neither raises the round's bar nor counts as arrival pressure for the window."""
         cost = ticket.cost
+        self.holdings.add(backend.url, ticket)
         backend.active += 1
         backend.outstanding_tokens += cost.total_tokens
         backend.reserved_kv_tokens += cost.kv_tokens
@@ -167,6 +199,21 @@ class Dispatcher:
         self.round_dispatched[band] = self.round_dispatched.get(band, 0) + 1
         self.round_band_prefill[band] = self.round_band_prefill.get(band, 0) + cost.prompt_tokens
         self.round_bar = max(self.round_bar, band)
+
+    def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:
+        """Undo `commit` (on the pool that owns the backend, also for a loan) and time the freed slot."""
+        release(ticket, backend)
+        self.holdings.remove(backend.url, ticket)
+        self.turnover.setdefault(backend.url, SlotTurnover()).released(now)
+
+
+def _kv_miss(ticket: Ticket, backend: BackendState, budgets: PoolBudgets) -> str | None:
+    total = backend.max_total_tokens
+    if total is None or backend.active == 0:
+        return None
+    if kv_occupied(backend) + ticket.cost.kv_tokens > budgets.kv_watermark * total:
+        return "kv_watermark"
+    return None
 
 
 def _own_backends(entry: Entry, usable: list[BackendState], budgets: PoolBudgets) -> list[BackendState]:

@@ -123,6 +123,10 @@ class SLOQueue:
     def entries(self) -> list[Entry]:
         return [e for tenants in self._bands.values() for lst in tenants.values() for e in lst]
 
+    def tenants(self) -> set[str]:
+        """Tenants with a request waiting."""
+        return set(self._tenant_depth)
+
     def class_depth(self, traffic_class: str) -> int:
         return self._class_depth.get(traffic_class, 0)
 

@@ -18,13 +18,13 @@ from typing import Any
 
 import anyio
 
-from gateway.admission import dispatch
 from gateway.admission.dispatch import Dispatcher, backend_load, kv_occupied
 from gateway.admission.fairness import VirtualTokenCounters, token_charge
 from gateway.admission.limits import Limit, Sample, make_limit
 from gateway.admission.queue import Entry, SLOQueue, effective_deadline
 from gateway.admission.settings import PoolBudgets, SLOClass
 from gateway.admission.shedding import PrefillRate, QueueGuard, displaced_error
+from gateway.admission.slots import SlotRule
 from gateway.admission.window import BatchWindow, QueueLoad, under_load
 from gateway.backends.state import BackendState
 from gateway.errors import ApiError
@@ -93,7 +93,7 @@ class PoolScheduler:
         self.counters = VirtualTokenCounters()
         self.queue = SLOQueue(self.counters)
         self.rate = PrefillRate(policy.queue)
-        self.guard = QueueGuard(self.queue, self.rate, pool, has_room=self._has_room)
+        self.guard = QueueGuard(self.queue, self.rate, pool, slot_wait=self._slot_wait)
         self.dispatcher = Dispatcher()
         self.window = BatchWindow()
         self.limits: dict[str, Limit] = {}
@@ -168,11 +168,9 @@ class PoolScheduler:
         `lend.max_load` and fits this pool's budgets (the loan spends this pool's round prefill budget).
         Loans run to their end: the guarantee is that no loan starts while our requests wait."""
         policy = self.policy_getter()
-        budgets = policy.budgets.for_pool(self.pool)
-        if not budgets.lend.enabled or self.queue:
+        if not policy.budgets.for_pool(self.pool).lend.enabled or self.queue:
             return None
-        self._sync_limits(policy)
-        limits = {url: lim.limit for url, lim in self.limits.items()}
+        budgets, limits = self._decision(policy, entry.tenant)
         idle = [b for b in self.backends if backend_load(b, limits[b.url], budgets) < budgets.lend.max_load]
         if not self.dispatcher.round_open(now, budgets):
             self.dispatcher.open_round(now)
@@ -193,14 +191,12 @@ class PoolScheduler:
         """Shed what must go, then dispatch everything the window, rounds and budgets allow right now."""
         policy = self.policy_getter()
         now = self.clock()
-        self._sync_limits(policy)
         self.rate.configure(policy.queue)
         if self.queue and now >= self._next_sweep:
             for entry, err in self.guard.sweep(now, self._available()):
                 self._fail(entry, err)
             self._next_sweep = now + policy.queue.recheck_interval_s
-        budgets = policy.budgets.for_pool(self.pool)
-        limits = {url: lim.limit for url, lim in self.limits.items()}
+        budgets, limits = self._decision(policy)
         wake = math.inf
         while self.queue:
             if not self.dispatcher.round_open(now, budgets):
@@ -297,15 +293,13 @@ class PoolScheduler:
         head = next(self.queue.ordered(), None)
         if head is None:
             return None
-        limits = {url: lim.limit for url, lim in self.limits.items()}
+        _, limits = self._decision(policy)
         if self.dispatcher.round_open(now, budgets):
             blocked = self.dispatcher.blocked_by(head, self.backends, budgets, limits)
         elif self.window.opens_at(self.pool, self._load(now, budgets), policy.window) > now:
             blocked = {"*": "window"}
         else:
-            fresh = Dispatcher()
-            fresh.open_round(now)
-            blocked = fresh.blocked_by(head, self.backends, budgets, limits)
+            blocked = self.dispatcher.blocked_by(head, self.backends, budgets, limits, new_round=True)
         return {
             "id": head.ticket.id,
             "tenant": head.tenant,
@@ -353,12 +347,37 @@ class PoolScheduler:
         demand = self.dispatcher.recent_prefill(now, budgets) + self.queue.prefill_tokens()
         return demand / self._round_tokens(budgets)
 
-    def _has_room(self, entry: Entry) -> bool:
-        """Could a backend take `entry` now (round prefill budget aside)? See QueueGuard."""
+    def _slot_wait(self, entry: Entry, now: float) -> float | None:
+        """When could a backend take `entry` (round prefill budget aside)? See QueueGuard."""
         policy = self.policy_getter()
+        budgets, limits = self._decision(policy, entry.tenant)
+        max_age = policy.queue.prefill_rate_max_age_s
+        return self.dispatcher.slot_wait(entry, self.backends, budgets, limits, now, max_age)
+
+    def _decision(self, policy: Policy, candidate: str | None = None) -> tuple[PoolBudgets, dict[str, int]]:
+        """Ready the dispatcher for decisions under `policy`: current limits and slot rules (headroom
+        for the top band and for tenants under their share; `candidate` counts as present in the pool).
+        Returns the pool's budgets and the limit per backend."""
         self._sync_limits(policy)
-        limits = {url: lim.limit for url, lim in self.limits.items()}
-        return self.dispatcher.has_room(entry, self.backends, policy.budgets.for_pool(self.pool), limits)
+        self.dispatcher.rule = self._slot_rule(policy, candidate)
+        return policy.budgets.for_pool(self.pool), {url: lim.limit for url, lim in self.limits.items()}
+
+    def _slot_rule(self, policy: Policy, candidate: str | None) -> SlotRule:
+        top = policy.queue.priorities.top
+        tenant_fraction = policy.fairness.reserve_fraction
+        present: dict[str, float] = {}
+        if tenant_fraction > 0:
+            tenants = self.queue.tenants() | self.dispatcher.holdings.tenants()
+            if candidate is not None:
+                tenants.add(candidate)
+            present = {t: self._weight(policy, t) for t in tenants}
+        return SlotRule(
+            top_band=-math.inf if top is None else top,
+            band_fraction=policy.queue.priorities.reserve_fraction,
+            tenant_fraction=tenant_fraction,
+            present=present,
+            weight_of=lambda tenant: self._weight(policy, tenant),
+        )
 
     def _sync_limits(self, policy: Policy) -> None:
         for b in self.backends:
@@ -413,7 +432,8 @@ class PoolScheduler:
         ticket, backend, entry = lease.ticket, lease.backend, lease.entry
         policy = self.policy_getter()
         in_flight = backend.active
-        dispatch.release(ticket, backend)
+        owner = self._lender if lease.loan and self._lender is not None else self
+        owner.dispatcher.release(ticket, backend, self.clock())
         if usage is not None:
             fair = policy.fairness
             actual = token_charge(

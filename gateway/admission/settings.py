@@ -35,6 +35,18 @@ class SLOClass(_Strict):
 class PriorityPolicy(_Strict):
     levels: dict[str, int] = Field(default_factory=lambda: {"low": 0, "normal": 5, "high": 10})
     default: int = 5
+    reserve_fraction: float = Field(
+        default=0.15,
+        ge=0,
+        lt=1,
+        description="Share of each backend's concurrency limit that bands below the top level leave free "
+        "(rounded up): running generations cannot be preempted, so the top band needs free slots waiting.",
+    )
+
+    @property
+    def top(self) -> int | None:
+        """The top configured level: bands at or above it keep no reserve."""
+        return max(self.levels.values(), default=None)
 
 
 class QueuePolicy(_Strict):
@@ -191,4 +203,11 @@ class FairnessPolicy(_Strict):
     output_weight: float = Field(default=2.0, ge=0)
     weights: dict[str, float] = Field(
         default_factory=dict, description="Tenant → VTC weight overriding the tenant store's weight."
+    )
+    reserve_fraction: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="A tenant holding its weighted fair share of a backend's slots (among the tenants "
+        "waiting or running in the pool) leaves this further share of the limit free for the others.",
     )

@@ -4,7 +4,9 @@ Predicted start = now + (prefill tokens the queue dispatches first, SLOQueue.pro
 prefill rate × available backends); predicted first token = start + own prefill tokens / per-backend
 rate. A request of a class that sheds by deadline is refused (429 `slo_unattainable`) as soon as its
 predicted first token falls after its deadline: at enqueue, and again on every sweep while it waits —
-unless nothing is queued ahead of it and a backend has room, when it starts now whatever the prediction.
+unless nothing is queued ahead of it (the head) and either a backend has room, when it starts now whatever
+the prediction, or it waits only for a slot that the backends' recent turnover frees in time for its own
+prefill at the engine's nominal rate.
 Depth is capped per class; when full, a more urgent arrival displaces the newest request of the lowest
 band below it (503 `displaced`), else it is refused (503 `queue_full`). Every class is bounded by its
 max wait (503 `queue_timeout`). Every refusal is counted by (reason, class).
@@ -88,22 +90,27 @@ class Prediction:
 
 
 class QueueGuard:
-    """Admission and shedding of one pool's queue. `has_room(entry)` tells whether a backend could take
-    `entry` now (the dispatcher's per-backend budgets, the round's prefill budget aside): a request with
-    nothing queued ahead of it and a backend with room is never refused by a prediction — it would start
-    at once, so a wrong rate estimate must not turn it away (and could never be corrected if it did)."""
+    """Admission and shedding of one pool's queue. `slot_wait(entry, now)` tells when a backend could take
+    `entry` (Dispatcher.slot_wait: 0.0 now, seconds at the recent slot turnover, None unknown).
+
+    The head — nothing queued ahead of it — is judged by that, not by the queue prediction: with room
+    now it is never refused (it would start at once, so a wrong rate estimate must not turn it away, and
+    could never be corrected if it did); waiting only for a slot, it is kept while the predicted slot
+    plus its own prefill at the engine's nominal rate (the larger of the measured rate and the policy
+    prior: the head goes next, and the measured rate is a lower bound polluted by queueing) still meets
+    its deadline. Without a turnover to predict from, the queue prediction decides as for any entry."""
 
     def __init__(
         self,
         queue: SLOQueue,
         rate: PrefillRate,
         pool: str,
-        has_room: Callable[[Entry], bool] | None = None,
+        slot_wait: Callable[[Entry, float], float | None] | None = None,
     ) -> None:
         self.queue = queue
         self.rate = rate
         self.pool = pool
-        self.has_room = has_room
+        self.slot_wait = slot_wait
         self.rejections: Counter[tuple[str, str]] = Counter()
 
     def predict(self, entry: Entry, now: float, backends: int, ahead: int | None = None) -> Prediction:
@@ -142,8 +149,8 @@ class QueueGuard:
         return victim
 
     def sweep(self, now: float, backends: int) -> list[tuple[Entry, ApiError]]:
-        """Remove every waiting entry past its max wait or that can no longer meet its deadline (except
-        the head of the queue while a backend has room for it)."""
+        """Remove every waiting entry past its max wait or that can no longer meet its deadline (the head
+        judged by its slot wait, see the class)."""
         out: list[tuple[Entry, ApiError]] = []
         for entry in self.queue.entries():
             if now - entry.enqueued_at >= entry.slo.max_wait_s:
@@ -175,9 +182,7 @@ class QueueGuard:
         if not entry.slo.shed_by_deadline:
             return None
         p = self.predict(entry, now, backends, ahead)
-        if p.first_token <= entry.deadline:
-            return None
-        if head and self.has_room is not None and self.has_room(entry):
+        if p.first_token <= entry.deadline or (head and self._head_in_time(entry, now)):
             return None
         err = ApiError(
             429,
@@ -187,6 +192,16 @@ class QueueGuard:
             retry_after=max(1.0, p.start - now),
         )
         return self._refuse("slo_unattainable", entry.ticket.traffic_class, err)
+
+    def _head_in_time(self, entry: Entry, now: float) -> bool:
+        """Will the head get a slot and prefill before its deadline? (room now: yes, whatever the rate)"""
+        wait = None if self.slot_wait is None else self.slot_wait(entry, now)
+        if wait is None:
+            return False
+        if wait == 0.0:
+            return True
+        nominal = max(self.rate.at(now), self.rate.policy.initial_prefill_tokens_per_s)
+        return now + wait + entry.prompt_tokens / nominal <= entry.deadline
 
     def _refuse(self, reason: str, traffic_class: str, err: ApiError) -> ApiError:
         self.rejections[(reason, traffic_class)] += 1

@@ -162,23 +162,27 @@ def test_room_is_every_budget_but_the_rounds_prefill() -> None:
     d.commit(ticket(prompt=100), pool[1])
     limits = {"http://b0": 2, "http://b1": 2}
     e = entry(ticket(prompt=50))
+
+    def has_room(e: Entry, limits: dict[str, int] = limits) -> bool:
+        return d.slot_wait(e, pool, budgets, limits, 0.0, 30.0) == 0.0
+
     assert d.place([e], pool, budgets, limits) is None  # the round's prefill is spent on both ...
-    assert d.has_room(e, pool, budgets, limits)  # ... but that frees itself within round_s
-    assert not d.has_room(e, pool, budgets, {"http://b0": 1, "http://b1": 1})  # concurrency
+    assert has_room(e)  # ... but that frees itself within round_s
+    assert not has_room(e, {"http://b0": 1, "http://b1": 1})  # concurrency
     pool[0].max_total_tokens = pool[1].max_total_tokens = 200
-    assert not d.has_room(e, pool, budgets, limits)  # KV: 100 + 50 > 0.5 · 200
+    assert not has_room(e)  # KV: 100 + 50 > 0.5 · 200
     pool[1].max_total_tokens = None  # unknown before the first scrape: no KV check
-    assert d.has_room(e, pool, budgets, limits)
+    assert has_room(e)
     pool[1].circuit = "half_open"  # a half-open circuit lets requests through: room
-    assert d.has_room(e, pool, budgets, limits)
+    assert has_room(e)
     pool[1].circuit = "open"
-    assert not d.has_room(e, pool, budgets, limits)
+    assert not has_room(e)
     pool[1].circuit = "closed"
     e.exclude = frozenset({"http://b1"})
-    assert not d.has_room(e, pool, budgets, limits)
+    assert not has_room(e)
     mm = entry(ticket(prompt=50, bucket="multi_image"))
     pool[1].bucket_active["multi_image"] = 1
-    assert not d.has_room(mm, pool, budgets, limits)  # b0 by KV, b1 by its bucket cap
+    assert not has_room(mm)  # b0 by KV, b1 by its bucket cap
 
 
 def test_backend_load_is_the_fuller_of_slots_and_kv() -> None:

@@ -16,6 +16,8 @@ from tests.admission.helpers import FakeClock, policy, ticket
 def _policy(lend: bool) -> Policy:
     return policy(
         controller={"algorithm": "fixed", "initial": 4, "min": 1, "max": 4},
+        queue={"priorities": {"reserve_fraction": 0}},  # no headroom: tested in test_slots.py
+        fairness={"reserve_fraction": 0},
         window={"enabled": False},
         budgets={"pools": {"interactive": {"lend": {"enabled": lend, "max_load": 0.5}}}},
     )

@@ -168,9 +168,11 @@ def test_sweep_uses_one_projection_and_discounts_what_it_shed() -> None:
 
 
 def test_the_head_is_never_refused_by_prediction_while_a_backend_has_room() -> None:
-    room = {"free": True}
+    room: dict[str, float | None] = {"wait": 0.0}
     rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=1000.0))
-    g = QueueGuard(SLOQueue(VirtualTokenCounters()), rate, "interactive", has_room=lambda e: room["free"])
+    g = QueueGuard(
+        SLOQueue(VirtualTokenCounters()), rate, "interactive", slot_wait=lambda e, now: room["wait"]
+    )
     head = entry(ticket(priority=10, prompt=750, deadline=1000.5), TIGHT)  # 0.75 s of prefill alone
     g.admit(head, now=1000.0, backends=1)  # would start now: the prediction does not refuse it
     behind = entry(ticket(priority=5, prompt=250), TIGHT)  # behind head: 1 s > 0.5 s
@@ -179,6 +181,25 @@ def test_the_head_is_never_refused_by_prediction_while_a_backend_has_room() -> N
     g.queue.push(behind)
     shed = g.sweep(now=1000.0, backends=1)
     assert [e for e, _ in shed] == [behind] and head.queued  # only the head is exempt
-    room["free"] = False  # no backend can take it now: the prediction applies again
+    room["wait"] = None  # no backend can take it now, none predictable: the prediction applies again
     assert [e for e, _ in g.sweep(now=1000.0, backends=1)] == [head]
     assert g.rejections == {("slo_unattainable", "interactive"): 3}
+
+
+def test_a_head_waiting_for_a_slot_is_kept_while_the_slot_and_its_nominal_prefill_meet_the_deadline() -> None:
+    room: dict[str, float | None] = {"wait": 0.25}
+    rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=1000.0, prefill_rate_min_samples=1))
+    rate.observe(1000, 4.0, now=1000.0)  # measured 250 tokens/s (queueing): the nominal 1000 is used
+    g = QueueGuard(
+        SLOQueue(VirtualTokenCounters()), rate, "interactive", slot_wait=lambda e, now: room["wait"]
+    )
+    head = entry(ticket(priority=10, prompt=500, deadline=1000.75))  # a client deadline tighter than 2 s
+    g.queue.push(head)
+    assert g.sweep(now=1000.0, backends=1) == []  # 1000 + 0.25 slot + 0.5 prefill = 1000.75: in time
+    assert [e for e, _ in g.sweep(now=1000.001, backends=1)] == [head]  # 1 ms later: late
+    late = entry(ticket(priority=10, prompt=500, deadline=1000.75))
+    with pytest.raises(ApiError) as refused:  # a wait of 0.3 s is late already at enqueue
+        room["wait"] = 0.3
+        g.admit(late, now=1000.0, backends=1)
+    assert refused.value.code == "slo_unattainable"
+    assert g.rejections == {("slo_unattainable", "interactive"): 2}

@@ -1,0 +1,155 @@
+"""Slot headroom: which request may take one of a backend's concurrency slots, and when one frees.
+
+The gateway cannot preempt a running generation, and a decode holds its slot for its whole length (~10 s
+in the default profile). Strict bands and VTC order the *queue*, but once a low-priority flood (or one
+heavy tenant) holds every slot, a high-priority (or light-tenant) arrival waits for the next completion —
+or several, when the adaptive limit steps down below the running set. The fix is headroom, kept by rules
+on who may take a slot (`slot_miss`):
+
+- **Band reserve**: a band below the top configured priority level may take a slot only while
+  `active < limit − ceil(queue.priorities.reserve_fraction · limit)`; the top band uses the whole limit.
+- **Tenant share**: a tenant already holding its weighted fair share of a backend's slots
+  (`limit · weight / Σ weights of the tenants waiting or running in the pool`, VTC weights) leaves a
+  further `ceil(fairness.reserve_fraction · limit)` slots free. A tenant alone in the pool has the whole
+  limit as its share, so a single tenant is never held back.
+- **Step-down relief**: when the limit falls below the running set, a top-band request does not count
+  the slots lower bands hold beyond their own ceiling (`limit − band reserve`) — they took them under
+  the old limit and cannot take more, so the excess only drains, and the top band keeps its headroom.
+Every ceiling stays ≥ 1. `SlotTurnover` measures how fast a backend's slots free, for the deadline
+re-check of a head request that is waiting only for a slot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from gateway.backends.state import BackendState
+from gateway.ticket import Ticket
+
+K = TypeVar("K")
+
+TURNOVER_SAMPLES = 16
+"""Releases per backend the turnover estimate averages over."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotRule:
+    """The headroom rules of one decision (rebuilt by the scheduler from the policy on every pump).
+    `present` maps the tenants waiting or running in the pool to their VTC weights; `weight_of` weighs a
+    tenant not (yet) among them. The default rule keeps no headroom."""
+
+    top_band: float = -math.inf
+    band_fraction: float = 0.0
+    tenant_fraction: float = 0.0
+    present: Mapping[str, float] = field(default_factory=dict)
+    weight_of: Callable[[str], float] = lambda tenant: 1.0
+
+    def band_reserve(self, band: float, limit: int) -> int:
+        """Slots a request of `band` must leave free for the top band."""
+        if band >= self.top_band or self.band_fraction <= 0:
+            return 0
+        return min(limit - 1, math.ceil(self.band_fraction * limit))
+
+    def tenant_share(self, tenant: str) -> float:
+        """The tenant's weighted fair share of a backend's slots, 0..1."""
+        total = sum(self.present.values())
+        weight = self.present.get(tenant)
+        if weight is None:
+            weight = self.weight_of(tenant)
+            total += weight
+        return weight / total if total > 0 else 1.0
+
+
+class Holdings:
+    """Slots held per backend, by band and by tenant (the backend's own `active` counts them all)."""
+
+    def __init__(self) -> None:
+        self._bands: dict[str, Counter[int]] = {}
+        self._tenants: dict[str, Counter[str]] = {}
+        self._pool_tenants: Counter[str] = Counter()
+
+    def add(self, url: str, ticket: Ticket) -> None:
+        self._bands.setdefault(url, Counter())[ticket.priority] += 1
+        self._tenants.setdefault(url, Counter())[ticket.tenant] += 1
+        self._pool_tenants[ticket.tenant] += 1
+
+    def remove(self, url: str, ticket: Ticket) -> None:
+        _decrement(self._bands[url], ticket.priority)
+        _decrement(self._tenants[url], ticket.tenant)
+        _decrement(self._pool_tenants, ticket.tenant)
+
+    def below(self, url: str, band: float) -> int:
+        """Slots on `url` held by bands below `band`."""
+        return sum(n for b, n in self._bands.get(url, {}).items() if b < band)
+
+    def of_tenant(self, url: str, tenant: str) -> int:
+        return self._tenants.get(url, Counter())[tenant]
+
+    def tenants(self) -> set[str]:
+        """Tenants holding a slot on any backend of the pool."""
+        return set(self._pool_tenants)
+
+
+def slot_miss(
+    ticket: Ticket, backend: BackendState, limit: int, rule: SlotRule, held: Holdings
+) -> str | None:
+    """Why `ticket` may not take a slot on `backend` now: "concurrency" (the limit), "band_reserve",
+    "tenant_share"; None when it may."""
+    return _shortfall(ticket, backend, limit, rule, held)[0]
+
+
+def slots_short(ticket: Ticket, backend: BackendState, limit: int, rule: SlotRule, held: Holdings) -> int:
+    """How many releases on `backend` `ticket` needs before the slot rules let it take a slot (0: now)."""
+    return _shortfall(ticket, backend, limit, rule, held)[1]
+
+
+def _shortfall(
+    ticket: Ticket, backend: BackendState, limit: int, rule: SlotRule, held: Holdings
+) -> tuple[str | None, int]:
+    band_ceiling = limit - rule.band_reserve(ticket.priority, limit)
+    occupied = backend.active
+    if ticket.priority >= rule.top_band:
+        lower_ceiling = limit - rule.band_reserve(-math.inf, limit)
+        occupied -= max(0, held.below(backend.url, rule.top_band) - lower_ceiling)
+    ceiling = band_ceiling
+    if (
+        rule.tenant_fraction > 0
+        and held.of_tenant(backend.url, ticket.tenant) >= rule.tenant_share(ticket.tenant) * limit
+    ):
+        ceiling = max(1, band_ceiling - math.ceil(rule.tenant_fraction * limit))
+    if occupied < ceiling:
+        return None, 0
+    reason = (
+        "concurrency" if occupied >= limit else "band_reserve" if occupied >= band_ceiling else "tenant_share"
+    )
+    return reason, occupied - ceiling + 1
+
+
+def _decrement(counts: Counter[K], key: K) -> None:
+    counts[key] -= 1
+    if not counts[key]:
+        del counts[key]
+
+
+class SlotTurnover:
+    """How fast one backend's slots free: the mean gap between its recent releases (any outcome)."""
+
+    def __init__(self) -> None:
+        self._times: deque[float] = deque(maxlen=TURNOVER_SAMPLES)
+
+    def released(self, now: float) -> None:
+        self._times.append(now)
+
+    def wait(self, releases: int, now: float, max_age_s: float) -> float | None:
+        """Seconds until `releases` more slots free, at the recent pace; None without two recent
+        releases (no turnover to predict from)."""
+        if releases <= 0:
+            return 0.0
+        recent = [t for t in self._times if t > now - max_age_s]
+        if len(recent) < 2:
+            return None
+        return releases * (recent[-1] - recent[0]) / (len(recent) - 1)

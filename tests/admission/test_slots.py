@@ -1,0 +1,168 @@
+"""Slot headroom (slots.py): band reserve, tenant share, step-down relief, turnover — exact, fake clocks."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from gateway.admission.dispatch import Dispatcher
+from gateway.admission.fairness import VirtualTokenCounters
+from gateway.admission.queue import SLOQueue
+from gateway.admission.scheduler import Lease, PoolScheduler
+from gateway.admission.settings import PoolBudgets
+from gateway.admission.slots import Holdings, SlotRule, SlotTurnover, slot_miss, slots_short
+from gateway.backends.state import BackendState
+from gateway.ticket import Ticket
+from tests.admission.helpers import FakeClock, backends, entry, policy, ticket
+
+BANDS = SlotRule(top_band=10, band_fraction=0.15)
+
+
+def _hold(held: Holdings, b: BackendState, n: int, **fields: object) -> None:
+    for _ in range(n):
+        held.add(b.url, ticket(**fields))  # type: ignore[arg-type]
+        b.active += 1
+
+
+def test_band_reserve_is_a_rounded_up_share_of_the_limit_below_the_top_band_only() -> None:
+    assert [BANDS.band_reserve(band, 64) for band in (0, 5, 9, 10, 11)] == [10, 10, 10, 0, 0]  # ⌈9.6⌉
+    assert BANDS.band_reserve(0, 4) == 1  # ⌈0.6⌉: 3 of 4 slots for the lower bands
+    assert BANDS.band_reserve(0, 1) == 0  # a ceiling never falls below one slot
+    assert SlotRule(top_band=10).band_reserve(0, 64) == 0  # no fraction, no reserve
+    assert policy().queue.priorities.top == 10
+    assert policy(queue={"priorities": {"levels": {}}}).queue.priorities.top is None
+
+
+def test_lower_bands_stop_at_the_reserve_the_top_band_uses_the_whole_limit() -> None:
+    b, held = backends(1)[0], Holdings()
+    _hold(held, b, 53, priority=0)
+    low, high = ticket(priority=0), ticket(priority=10)
+    assert slot_miss(low, b, 64, BANDS, held) is None  # 53 < 64 − 10
+    _hold(held, b, 1, priority=0)
+    assert slot_miss(low, b, 64, BANDS, held) == "band_reserve" and slots_short(low, b, 64, BANDS, held) == 1
+    _hold(held, b, 9, priority=10)
+    assert slot_miss(high, b, 64, BANDS, held) is None  # 63 < 64
+    _hold(held, b, 1, priority=10)
+    assert slot_miss(high, b, 64, BANDS, held) == "concurrency"
+    assert slot_miss(low, b, 64, BANDS, held) == "concurrency" and slots_short(low, b, 64, BANDS, held) == 11
+
+
+def test_when_the_limit_steps_below_the_running_set_the_top_band_still_gets_its_headroom() -> None:
+    b, held = backends(1)[0], Holdings()
+    _hold(held, b, 54, priority=0)  # admitted under limit 64; the limit now falls to 51
+    high, low = ticket(priority=10), ticket(priority=0)
+    # low's ceiling at 51 is 51 − ⌈7.65⌉ = 43: the 11 slots low holds beyond it do not count for the top band
+    assert slot_miss(low, b, 51, BANDS, held) == "concurrency" and slots_short(low, b, 51, BANDS, held) == 12
+    assert slot_miss(high, b, 51, BANDS, held) is None
+    _hold(held, b, 7, priority=10)
+    assert slot_miss(high, b, 51, BANDS, held) is None  # 43 + 7 = 50 < 51
+    _hold(held, b, 1, priority=10)
+    assert slot_miss(high, b, 51, BANDS, held) == "concurrency"  # 43 + 8: the top band's own limit
+    assert b.active == 62  # bounded: 51 + the 11 low slots from before the step, which only drain
+
+
+def test_a_tenant_at_its_weighted_share_leaves_headroom_for_the_others() -> None:
+    b, held = backends(1)[0], Holdings()
+    rule = SlotRule(tenant_fraction=0.1, present={"heavy": 1.0, "light": 1.0})
+    _hold(held, b, 5, tenant="heavy")
+    _hold(held, b, 3, tenant="light")
+    heavy, light = ticket(tenant="heavy"), ticket(tenant="light")
+    assert slot_miss(heavy, b, 10, rule, held) is None  # holds 5 = its share, 8 < ceiling 10 − 1
+    _hold(held, b, 1, tenant="light")
+    assert (
+        slot_miss(heavy, b, 10, rule, held) == "tenant_share" and slots_short(heavy, b, 10, rule, held) == 1
+    )
+    assert slot_miss(light, b, 10, rule, held) is None  # 4 < its share of 5: the last slot is light's
+    weighted = SlotRule(tenant_fraction=0.1, present={"heavy": 3.0, "light": 1.0})  # heavy's share 7.5
+    assert slot_miss(heavy, b, 10, weighted, held) is None
+    alone = SlotRule(tenant_fraction=0.1, present={"heavy": 1.0})
+    assert alone.tenant_share("heavy") == 1.0 and slot_miss(heavy, b, 10, alone, held) is None
+    assert alone.tenant_share("newcomer") == 0.5  # a tenant not yet present counts itself in
+    assert SlotRule(tenant_fraction=0.1, present={}).tenant_share("x") == 1.0
+
+
+def test_a_tenant_held_back_by_its_share_is_skipped_not_blocking_the_others() -> None:
+    pool, d = backends(1), Dispatcher()
+    d.rule = SlotRule(tenant_fraction=0.1, present={"heavy": 1.0, "light": 1.0})
+    d.open_round(0.0)
+    for tenant in ("heavy",) * 5 + ("light",) * 4:
+        d.commit(ticket(tenant=tenant, prompt=1), pool[0])
+    q = SLOQueue(VirtualTokenCounters())
+    first, second = entry(ticket(tenant="heavy", prompt=1)), entry(ticket(tenant="light", prompt=1))
+    q.push(first)
+    q.push(second)
+    assert list(q.ordered()) == [first, second]
+    assert d.place(q.ordered(), pool, PoolBudgets(), {"http://b0": 10}) == (second, pool[0])
+    assert d.blocked_by(first, pool, PoolBudgets(), {"http://b0": 10}) == {"http://b0": "tenant_share"}
+
+
+def test_turnover_predicts_the_wait_for_slots_from_recent_releases() -> None:
+    t = SlotTurnover()
+    assert t.wait(0, 10.0, 30.0) == 0.0 and t.wait(1, 10.0, 30.0) is None
+    for at in (1.0, 1.5, 2.0, 3.0):
+        t.released(at)
+    assert t.wait(3, 3.0, 30.0) == 3 * (2.0 / 3)  # mean gap of the last releases
+    assert t.wait(1, 32.0, 30.0) is None  # releases older than max_age: no turnover to predict from
+
+
+def test_slot_wait_is_zero_with_room_else_the_soonest_backend_at_its_turnover() -> None:
+    pool, d = backends(2), Dispatcher()
+    d.rule = BANDS
+    limits = {"http://b0": 4, "http://b1": 4}
+    for b in pool:
+        _hold(d.holdings, b, 3, priority=0)  # each at the low bands' ceiling 4 − 1
+    low, high = entry(ticket(priority=0)), entry(ticket(priority=10))
+    assert d.slot_wait(high, pool, PoolBudgets(), limits, 10.0, 30.0) == 0.0
+    assert d.slot_wait(low, pool, PoolBudgets(), limits, 10.0, 30.0) is None  # no releases seen yet
+    for at in (8.0, 9.0):
+        d.turnover.setdefault("http://b0", SlotTurnover()).released(at)
+    for at in (9.0, 9.5):
+        d.turnover.setdefault("http://b1", SlotTurnover()).released(at)
+    assert d.slot_wait(low, pool, PoolBudgets(), limits, 10.0, 30.0) == 0.5  # b1: one release, 0.5 s apart
+    pool[1].max_total_tokens, pool[1].used_tokens = 100, 100  # b1's KV is full: only b0 predicts
+    assert d.slot_wait(low, pool, PoolBudgets(), limits, 10.0, 30.0) == 1.0
+
+
+def test_dispatcher_release_undoes_commit_and_times_the_slot() -> None:
+    b, d = backends(1)[0], Dispatcher()
+    t = ticket(tenant="a", priority=0, prompt=10)
+    d.commit(t, b)
+    assert d.holdings.below(b.url, 10) == 1 and d.holdings.of_tenant(b.url, "a") == 1
+    assert d.holdings.tenants() == {"a"}
+    d.release(t, b, 5.0)
+    assert (b.active, d.holdings.below(b.url, math.inf), d.holdings.tenants()) == (0, 0, set())
+    assert d.turnover[b.url].wait(0, 5.0, 30.0) == 0.0
+
+
+async def _spawn(s: PoolScheduler, t: Ticket) -> asyncio.Task[Lease]:
+    task = asyncio.create_task(s.acquire(t))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    return task
+
+
+async def test_scheduler_keeps_headroom_for_the_top_band_and_for_a_light_tenant() -> None:
+    clock = FakeClock()
+    pol = policy(
+        controller={"algorithm": "fixed", "initial": 10, "min": 10, "max": 10},
+        window={"enabled": False},
+        queue={"classes": {"interactive": {"shed_by_deadline": False}}},
+    )
+    s = PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
+    flood = [await _spawn(s, ticket(tenant="lo", priority=0, prompt=1)) for _ in range(10)]
+    assert [t.done() for t in flood] == [True] * 8 + [False] * 2  # 10 − ⌈1.5⌉ for the lower bands
+    assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "band_reserve"}
+    hi = await _spawn(s, ticket(tenant="hi", priority=10, prompt=1))
+    assert hi.done()  # a free slot was waiting: no completion needed
+    # "lo" now shares the pool with "hi": past its share (5) it leaves a further ⌈1⌉ slot free
+    flood[0].result().release(None, "ok")
+    flood[1].result().release(None, "ok")
+    await asyncio.sleep(0)
+    assert [t.done() for t in flood[8:]] == [False, False] and s.backends[0].active == 7
+    assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "tenant_share"}
+    hi.result().release(None, "ok")  # "hi" gone: "lo" alone again, only the band reserve applies
+    await asyncio.sleep(0)
+    assert [t.done() for t in flood[8:]] == [True, True] and s.backends[0].active == 8
+    for t in flood[2:]:
+        t.result().release(None, "ok")
+    assert s.dispatcher.holdings.tenants() == set() and s.backends[0].active == 0
