@@ -123,9 +123,9 @@ class SLOQueue:
     def entries(self) -> list[Entry]:
         return [e for tenants in self._bands.values() for lst in tenants.values() for e in lst]
 
-    def tenants(self) -> set[str]:
-        """Tenants with a request waiting."""
-        return set(self._tenant_depth)
+    def tenants(self) -> set[tuple[int, str]]:
+        """(band, tenant) of every waiting request."""
+        return {(band, tenant) for band, tenants in self._bands.items() for tenant in tenants}
 
     def class_depth(self, traffic_class: str) -> int:
         return self._class_depth.get(traffic_class, 0)

@@ -170,7 +170,7 @@ class PoolScheduler:
         policy = self.policy_getter()
         if not policy.budgets.for_pool(self.pool).lend.enabled or self.queue:
             return None
-        budgets, limits = self._decision(policy, entry.tenant)
+        budgets, limits = self._decision(policy, (entry.band, entry.tenant))
         idle = [b for b in self.backends if backend_load(b, limits[b.url], budgets) < budgets.lend.max_load]
         if not self.dispatcher.round_open(now, budgets):
             self.dispatcher.open_round(now)
@@ -350,27 +350,30 @@ class PoolScheduler:
     def _slot_wait(self, entry: Entry, now: float) -> float | None:
         """When could a backend take `entry` (round prefill budget aside)? See QueueGuard."""
         policy = self.policy_getter()
-        budgets, limits = self._decision(policy, entry.tenant)
+        budgets, limits = self._decision(policy, (entry.band, entry.tenant))
         max_age = policy.queue.prefill_rate_max_age_s
         return self.dispatcher.slot_wait(entry, self.backends, budgets, limits, now, max_age)
 
-    def _decision(self, policy: Policy, candidate: str | None = None) -> tuple[PoolBudgets, dict[str, int]]:
+    def _decision(
+        self, policy: Policy, candidate: tuple[int, str] | None = None
+    ) -> tuple[PoolBudgets, dict[str, int]]:
         """Ready the dispatcher for decisions under `policy`: current limits and slot rules (headroom
-        for the top band and for tenants under their share; `candidate` counts as present in the pool).
+        for the top band and for tenants under their share; `candidate` (band, tenant) counts as present).
         Returns the pool's budgets and the limit per backend."""
         self._sync_limits(policy)
         self.dispatcher.rule = self._slot_rule(policy, candidate)
         return policy.budgets.for_pool(self.pool), {url: lim.limit for url, lim in self.limits.items()}
 
-    def _slot_rule(self, policy: Policy, candidate: str | None) -> SlotRule:
+    def _slot_rule(self, policy: Policy, candidate: tuple[int, str] | None) -> SlotRule:
         top = policy.queue.priorities.top
         tenant_fraction = policy.fairness.reserve_fraction
-        present: dict[str, float] = {}
+        present: dict[int, dict[str, float]] = {}
         if tenant_fraction > 0:
-            tenants = self.queue.tenants() | self.dispatcher.holdings.tenants()
+            seats = self.queue.tenants() | self.dispatcher.holdings.tenants()
             if candidate is not None:
-                tenants.add(candidate)
-            present = {t: self._weight(policy, t) for t in tenants}
+                seats.add(candidate)
+            for band, tenant in seats:
+                present.setdefault(band, {})[tenant] = self._weight(policy, tenant)
         return SlotRule(
             top_band=-math.inf if top is None else top,
             band_fraction=policy.queue.priorities.reserve_fraction,

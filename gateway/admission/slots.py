@@ -8,9 +8,10 @@ on who may take a slot (`slot_miss`):
 
 - **Band reserve**: a band below the top configured priority level may take a slot only while
   `active < limit − ceil(queue.priorities.reserve_fraction · limit)`; the top band uses the whole limit.
-- **Tenant share**: a tenant already holding its weighted fair share of a backend's slots
-  (`limit · weight / Σ weights of the tenants waiting or running in the pool`, VTC weights) leaves a
-  further `ceil(fairness.reserve_fraction · limit)` slots free. A tenant alone in the pool has the whole
+- **Tenant share**: inside a band (where VTC shares between tenants; bands are the band reserve's
+  business), a tenant already holding its weighted fair share of a backend's slots
+  (`limit · weight / Σ weights of the band's tenants waiting or running in the pool`, VTC weights) leaves
+  a further `ceil(fairness.reserve_fraction · limit)` slots free. A tenant alone in its band has the whole
   limit as its share, so a single tenant is never held back.
 - **Step-down relief**: when the limit falls below the running set, a top-band request does not count
   the slots lower bands hold beyond their own ceiling (`limit − band reserve`) — they took them under
@@ -39,13 +40,13 @@ TURNOVER_SAMPLES = 16
 @dataclass(frozen=True, slots=True)
 class SlotRule:
     """The headroom rules of one decision (rebuilt by the scheduler from the policy on every pump).
-    `present` maps the tenants waiting or running in the pool to their VTC weights; `weight_of` weighs a
-    tenant not (yet) among them. The default rule keeps no headroom."""
+    `present` maps each band to the tenants waiting or running at it in the pool and their VTC weights;
+    `weight_of` weighs a tenant not (yet) among them. The default rule keeps no headroom."""
 
     top_band: float = -math.inf
     band_fraction: float = 0.0
     tenant_fraction: float = 0.0
-    present: Mapping[str, float] = field(default_factory=dict)
+    present: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
     weight_of: Callable[[str], float] = lambda tenant: 1.0
 
     def band_reserve(self, band: float, limit: int) -> int:
@@ -54,10 +55,11 @@ class SlotRule:
             return 0
         return min(limit - 1, math.ceil(self.band_fraction * limit))
 
-    def tenant_share(self, tenant: str) -> float:
-        """The tenant's weighted fair share of a backend's slots, 0..1."""
-        total = sum(self.present.values())
-        weight = self.present.get(tenant)
+    def tenant_share(self, band: int, tenant: str) -> float:
+        """The tenant's weighted fair share of a backend's slots at `band`, 0..1."""
+        present = self.present.get(band, {})
+        total = sum(present.values())
+        weight = present.get(tenant)
         if weight is None:
             weight = self.weight_of(tenant)
             total += weight
@@ -65,32 +67,34 @@ class SlotRule:
 
 
 class Holdings:
-    """Slots held per backend, by band and by tenant (the backend's own `active` counts them all)."""
+    """Slots held per backend, by band and by (band, tenant) (the backend's `active` counts them all)."""
 
     def __init__(self) -> None:
         self._bands: dict[str, Counter[int]] = {}
-        self._tenants: dict[str, Counter[str]] = {}
-        self._pool_tenants: Counter[str] = Counter()
+        self._tenants: dict[str, Counter[tuple[int, str]]] = {}
+        self._pool_tenants: Counter[tuple[int, str]] = Counter()
 
     def add(self, url: str, ticket: Ticket) -> None:
         self._bands.setdefault(url, Counter())[ticket.priority] += 1
-        self._tenants.setdefault(url, Counter())[ticket.tenant] += 1
-        self._pool_tenants[ticket.tenant] += 1
+        seat = (ticket.priority, ticket.tenant)
+        self._tenants.setdefault(url, Counter())[seat] += 1
+        self._pool_tenants[seat] += 1
 
     def remove(self, url: str, ticket: Ticket) -> None:
         _decrement(self._bands[url], ticket.priority)
-        _decrement(self._tenants[url], ticket.tenant)
-        _decrement(self._pool_tenants, ticket.tenant)
+        seat = (ticket.priority, ticket.tenant)
+        _decrement(self._tenants[url], seat)
+        _decrement(self._pool_tenants, seat)
 
     def below(self, url: str, band: float) -> int:
         """Slots on `url` held by bands below `band`."""
         return sum(n for b, n in self._bands.get(url, {}).items() if b < band)
 
-    def of_tenant(self, url: str, tenant: str) -> int:
-        return self._tenants.get(url, Counter())[tenant]
+    def of_tenant(self, url: str, band: int, tenant: str) -> int:
+        return self._tenants.get(url, Counter())[(band, tenant)]
 
-    def tenants(self) -> set[str]:
-        """Tenants holding a slot on any backend of the pool."""
+    def tenants(self) -> set[tuple[int, str]]:
+        """(band, tenant) of every slot held on the pool's backends."""
         return set(self._pool_tenants)
 
 
@@ -118,7 +122,8 @@ def _shortfall(
     ceiling = band_ceiling
     if (
         rule.tenant_fraction > 0
-        and held.of_tenant(backend.url, ticket.tenant) >= rule.tenant_share(ticket.tenant) * limit
+        and held.of_tenant(backend.url, ticket.priority, ticket.tenant)
+        >= rule.tenant_share(ticket.priority, ticket.tenant) * limit
     ):
         ceiling = max(1, band_ceiling - math.ceil(rule.tenant_fraction * limit))
     if occupied < ceiling:

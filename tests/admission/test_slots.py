@@ -63,7 +63,7 @@ def test_when_the_limit_steps_below_the_running_set_the_top_band_still_gets_its_
 
 def test_a_tenant_at_its_weighted_share_leaves_headroom_for_the_others() -> None:
     b, held = backends(1)[0], Holdings()
-    rule = SlotRule(tenant_fraction=0.1, present={"heavy": 1.0, "light": 1.0})
+    rule = SlotRule(tenant_fraction=0.1, present={5: {"heavy": 1.0, "light": 1.0}})
     _hold(held, b, 5, tenant="heavy")
     _hold(held, b, 3, tenant="light")
     heavy, light = ticket(tenant="heavy"), ticket(tenant="light")
@@ -73,17 +73,17 @@ def test_a_tenant_at_its_weighted_share_leaves_headroom_for_the_others() -> None
         slot_miss(heavy, b, 10, rule, held) == "tenant_share" and slots_short(heavy, b, 10, rule, held) == 1
     )
     assert slot_miss(light, b, 10, rule, held) is None  # 4 < its share of 5: the last slot is light's
-    weighted = SlotRule(tenant_fraction=0.1, present={"heavy": 3.0, "light": 1.0})  # heavy's share 7.5
+    weighted = SlotRule(tenant_fraction=0.1, present={5: {"heavy": 3.0, "light": 1.0}})  # heavy's: 7.5
     assert slot_miss(heavy, b, 10, weighted, held) is None
-    alone = SlotRule(tenant_fraction=0.1, present={"heavy": 1.0})
-    assert alone.tenant_share("heavy") == 1.0 and slot_miss(heavy, b, 10, alone, held) is None
-    assert alone.tenant_share("newcomer") == 0.5  # a tenant not yet present counts itself in
-    assert SlotRule(tenant_fraction=0.1, present={}).tenant_share("x") == 1.0
+    alone = SlotRule(tenant_fraction=0.1, present={5: {"heavy": 1.0}, 0: {"light": 1.0}})
+    assert alone.tenant_share(5, "heavy") == 1.0 and slot_miss(heavy, b, 10, alone, held) is None
+    assert alone.tenant_share(5, "newcomer") == 0.5  # a tenant not yet present counts itself in
+    assert SlotRule(tenant_fraction=0.1).tenant_share(5, "x") == 1.0
 
 
 def test_a_tenant_held_back_by_its_share_is_skipped_not_blocking_the_others() -> None:
     pool, d = backends(1), Dispatcher()
-    d.rule = SlotRule(tenant_fraction=0.1, present={"heavy": 1.0, "light": 1.0})
+    d.rule = SlotRule(tenant_fraction=0.1, present={5: {"heavy": 1.0, "light": 1.0}})
     d.open_round(0.0)
     for tenant in ("heavy",) * 5 + ("light",) * 4:
         d.commit(ticket(tenant=tenant, prompt=1), pool[0])
@@ -127,8 +127,8 @@ def test_dispatcher_release_undoes_commit_and_times_the_slot() -> None:
     b, d = backends(1)[0], Dispatcher()
     t = ticket(tenant="a", priority=0, prompt=10)
     d.commit(t, b)
-    assert d.holdings.below(b.url, 10) == 1 and d.holdings.of_tenant(b.url, "a") == 1
-    assert d.holdings.tenants() == {"a"}
+    assert d.holdings.below(b.url, 10) == 1 and d.holdings.of_tenant(b.url, 0, "a") == 1
+    assert d.holdings.tenants() == {(0, "a")}
     d.release(t, b, 5.0)
     assert (b.active, d.holdings.below(b.url, math.inf), d.holdings.tenants()) == (0, 0, set())
     assert d.turnover[b.url].wait(0, 5.0, 30.0) == 0.0
@@ -141,7 +141,7 @@ async def _spawn(s: PoolScheduler, t: Ticket) -> asyncio.Task[Lease]:
     return task
 
 
-async def test_scheduler_keeps_headroom_for_the_top_band_and_for_a_light_tenant() -> None:
+async def test_scheduler_keeps_headroom_for_the_top_band_and_for_a_light_tenant_of_the_same_band() -> None:
     clock = FakeClock()
     pol = policy(
         controller={"algorithm": "fixed", "initial": 10, "min": 10, "max": 10},
@@ -149,20 +149,27 @@ async def test_scheduler_keeps_headroom_for_the_top_band_and_for_a_light_tenant(
         queue={"classes": {"interactive": {"shed_by_deadline": False}}},
     )
     s = PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
-    flood = [await _spawn(s, ticket(tenant="lo", priority=0, prompt=1)) for _ in range(10)]
-    assert [t.done() for t in flood] == [True] * 8 + [False] * 2  # 10 − ⌈1.5⌉ for the lower bands
+    b = s.backends[0]
+    heavy = [await _spawn(s, ticket(tenant="heavy", priority=5, prompt=1)) for _ in range(10)]
+    assert [t.done() for t in heavy] == [True] * 8 + [False] * 2  # 10 − ⌈1.5⌉ below the top band
     assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "band_reserve"}
     hi = await _spawn(s, ticket(tenant="hi", priority=10, prompt=1))
     assert hi.done()  # a free slot was waiting: no completion needed
-    # "lo" now shares the pool with "hi": past its share (5) it leaves a further ⌈1⌉ slot free
-    flood[0].result().release(None, "ok")
-    flood[1].result().release(None, "ok")
+    light = await _spawn(s, ticket(tenant="light", priority=5, prompt=1))
+    assert not light.done() and b.active == 9
+    heavy[0].result().release(None, "ok")
+    heavy[1].result().release(None, "ok")
     await asyncio.sleep(0)
-    assert [t.done() for t in flood[8:]] == [False, False] and s.backends[0].active == 7
+    # heavy (first by VTC's tie on name) holds 6 ≥ its share 5 of band 5: it leaves ⌈1⌉ more slot free,
+    # is skipped, and light takes the slot
+    assert light.done() and [t.done() for t in heavy[8:]] == [False, False] and b.active == 8
+    hi.result().release(None, "ok")
+    await asyncio.sleep(0)
+    assert [t.done() for t in heavy[8:]] == [False, False]  # 7 active ≥ heavy's ceiling 10 − 2 − 1
     assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "tenant_share"}
-    hi.result().release(None, "ok")  # "hi" gone: "lo" alone again, only the band reserve applies
+    light.result().release(None, "ok")  # light gone: heavy alone in its band, only the band reserve applies
     await asyncio.sleep(0)
-    assert [t.done() for t in flood[8:]] == [True, True] and s.backends[0].active == 8
-    for t in flood[2:]:
+    assert [t.done() for t in heavy[8:]] == [True, True] and b.active == 8
+    for t in heavy[2:]:
         t.result().release(None, "ok")
-    assert s.dispatcher.holdings.tenants() == set() and s.backends[0].active == 0
+    assert s.dispatcher.holdings.tenants() == set() and b.active == 0
