@@ -382,6 +382,15 @@ class PoolScheduler:
             weight_of=lambda tenant: self._weight(policy, tenant),
         )
 
+    def _batch_tpot_target(self, backend: BackendState) -> float | None:
+        """The tightest TPOT target among this pool's requests running on `backend`."""
+        targets = [
+            t
+            for lease in self._leases
+            if lease.backend is backend and (t := lease.entry.slo.tpot_p99_s) is not None
+        ]
+        return min(targets, default=None)
+
     def _sync_limits(self, policy: Policy) -> None:
         for b in self.backends:
             current = self.limits.get(b.url)
@@ -454,7 +463,8 @@ class PoolScheduler:
             self.observe_prefill(prompt, ttft_s)
         limit = self.limits.get(backend.url)
         if limit is not None and (outcome == "ok" or outcome in DROP_OUTCOMES):
-            ratio = latency_ratio(entry.slo, ttft_s, tpot_s, prompt / self.rate.at(self.clock()))
+            shared = None if entry.slo.tpot_p99_s is not None else self._batch_tpot_target(backend)
+            ratio = latency_ratio(entry.slo, ttft_s, tpot_s, prompt / self.rate.at(self.clock()), shared)
             limit.update(Sample(self.clock(), in_flight, ratio, dropped=outcome in DROP_OUTCOMES))
             backend.concurrency_limit = limit.limit
         self.pump()
@@ -465,12 +475,19 @@ class PoolScheduler:
 
 
 def latency_ratio(
-    slo: SLOClass, ttft_s: float | None, tpot_s: float | None, prefill_s: float
+    slo: SLOClass,
+    ttft_s: float | None,
+    tpot_s: float | None,
+    prefill_s: float,
+    shared_tpot_p99_s: float | None = None,
 ) -> float | None:
-    """max(TPOT / target, (TTFT − estimated prefill) / target); None when the class sets no such SLO."""
+    """max(TPOT / target, (TTFT − estimated prefill) / target); None when no target applies. A class
+    without a TPOT target is judged by `shared_tpot_p99_s`, the tightest target among the requests that
+    share its backend's decode batch: its TPOT is theirs."""
     parts = []
-    if slo.tpot_p99_s is not None and tpot_s is not None:
-        parts.append(tpot_s / slo.tpot_p99_s)
+    tpot_target = slo.tpot_p99_s if slo.tpot_p99_s is not None else shared_tpot_p99_s
+    if tpot_target is not None and tpot_s is not None:
+        parts.append(tpot_s / tpot_target)
     if slo.ttft_p99_s is not None and ttft_s is not None:
         parts.append(max(0.0, ttft_s - prefill_s) / slo.ttft_p99_s)
     return max(parts) if parts else None

@@ -7,8 +7,9 @@ import math
 import pytest
 
 from gateway.admission.limits import AIMDLimit, FixedLimit, GradientLimit, Sample, make_limit
-from gateway.admission.scheduler import latency_ratio
+from gateway.admission.scheduler import PoolScheduler, latency_ratio
 from gateway.admission.settings import ControllerPolicy, SLOClass
+from tests.admission.helpers import FakeClock, backends, policy, ticket
 
 
 def _policy(algorithm: str, **kw: float) -> ControllerPolicy:
@@ -86,6 +87,23 @@ def test_latency_ratio_is_worst_of_tpot_and_queueing_part_of_ttft() -> None:
     assert latency_ratio(slo, ttft_s=1.5, tpot_s=0.025, prefill_s=0.5) == 0.5
     assert latency_ratio(slo, ttft_s=3.5, tpot_s=0.025, prefill_s=0.5) == 1.5
     assert latency_ratio(SLOClass(ttft_p99_s=None, tpot_p99_s=None), 1.0, 0.1, 0.0) is None
+    # offline shares its decode batch with interactive requests: its TPOT is judged by their target
+    assert latency_ratio(SLOClass(ttft_p99_s=None, tpot_p99_s=None), 1.0, 0.1, 0.0, 0.05) == 2.0
+    assert latency_ratio(slo, ttft_s=1.5, tpot_s=0.025, prefill_s=0.5, shared_tpot_p99_s=0.0125) == 0.5
+
+
+async def test_an_offline_sample_beside_interactive_requests_counts_against_their_tpot_target() -> None:
+    clock = FakeClock()
+    pol = policy(controller={"algorithm": "aimd", "initial": 8, "min": 1, "max": 8, "cooldown_s": 0})
+    s = PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
+    chat = await s.acquire(ticket(priority=10, prompt=1))
+    batch = [await s.acquire(ticket(cls="offline", priority=0, prompt=1)) for _ in range(4)]
+    batch[0].release(None, "ok", tpot_s=0.07)  # beside chat (target 0.06): an SLO miss, limit × 0.9
+    assert s.limits["http://b0"].limit == 7
+    chat.release(None, "ok", ttft_s=0.01, tpot_s=0.03)  # at 4 running ≥ 7 / 2: growth
+    assert s.limits["http://b0"].limit == 8
+    batch[1].release(None, "ok", tpot_s=0.07)  # offline alone: no target, no miss (3 < 8 / 2: no growth)
+    assert s.limits["http://b0"].limit == 8
 
 
 def test_policy_rejects_unordered_bounds() -> None:
