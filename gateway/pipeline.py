@@ -245,13 +245,13 @@ class CompletionEndpoint:
                 out = relay.feed(upstream.first, clock())
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
-                dog.touch()
+                dog.reading()
                 async for chunk in upstream.chunks():
-                    dog.touch()
+                    dog.relaying()
                     out = relay.feed(chunk, clock())
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
-                    dog.touch()
+                    dog.reading()
             tail = relay.flush()
             if not relay.done:
                 ticket.outcome = "upstream_error"

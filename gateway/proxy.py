@@ -50,30 +50,34 @@ def client_timeout(connect: float) -> aiohttp.ClientTimeout:
 class Watchdog:
     """Idle-gap and total deadlines for a relay, with one timer per request instead of one per chunk.
 
-    `touch()` only stores the time; when the timer fires it re-arms itself at the next possible expiry, or
-    cancels the relay's scope and records why. A cancel scope per chunk cost a timer reschedule each time.
+    The relay calls `reading()` before it waits for the backend (stores the time) and `relaying()` once a
+    chunk is in hand (a flag): the idle gap counts only time spent waiting for the backend, never a slow
+    client. The timer, when it fires, re-arms itself at the next possible expiry, or cancels the relay's
+    scope and records why. (A cancel scope per chunk cost a timer reschedule per chunk.)
     """
 
-    __slots__ = ("_deadline", "_gap", "_handle", "_last", "_loop", "_scope", "expired")
+    __slots__ = ("_deadline", "_gap", "_handle", "_last", "_loop", "_relaying", "_scope", "expired")
 
     def __init__(self, scope: anyio.CancelScope, gap: float, deadline: float) -> None:
         self._scope = scope
         self._gap = gap
         self._deadline = deadline
         self._last = time.monotonic()
+        self._relaying = True
         self._loop = asyncio.get_running_loop()
         self.expired: str | None = None
-        self._handle = self._loop.call_later(self._due() - self._last, self._check)
+        self._handle = self._loop.call_later(min(gap, deadline - self._last), self._check)
 
-    def _due(self) -> float:
-        return min(self._last + self._gap, self._deadline)
-
-    def touch(self) -> None:
+    def reading(self) -> None:
         self._last = time.monotonic()
+        self._relaying = False
+
+    def relaying(self) -> None:
+        self._relaying = True
 
     def _check(self) -> None:
         now = time.monotonic()
-        due = self._due()
+        due = min(now + self._gap if self._relaying else self._last + self._gap, self._deadline)
         if now < due:
             self._handle = self._loop.call_later(due - now, self._check)
             return
@@ -86,7 +90,7 @@ class Watchdog:
 
 class RelayGuard:
     """`with upstream.guard(timeouts) as dog:` around a relay: deadlines and connection failures raise
-    UpstreamError; the caller touches `dog` after each chunk arrives and after each is sent on."""
+    UpstreamError; the caller tells `dog` when it starts reading and when it relays (see Watchdog)."""
 
     __slots__ = ("_deadline", "_gap", "_scope", "dog")
 
