@@ -114,7 +114,7 @@ class CompletionEndpoint:
             if ex.disconnected and ticket.outcome in ("pending", "ok"):
                 ticket.outcome = "cancelled"
             scope["state"]["access_logged"] = self.gw.access is not None
-            await self.gw.finish(ticket, reservation, ex.status, error)
+            await self.gw.finish(ticket, reservation, ex.status, error or ticket.error)
 
     async def _serve(
         self, ex: Exchange, ticket: Ticket, parsed: ParsedRequest, pool: Pool, policy: Any
@@ -188,7 +188,8 @@ class CompletionEndpoint:
                         ticket.backend,
                     )
                     continue
-                ticket.outcome = "upstream_error"
+                client_fault = e.phase == "status" and 400 <= e.status < 500 and e.status != 429
+                ticket.outcome = "client_error" if client_fault else "upstream_error"
                 if e.phase == "status":
                     raise upstream_error(e.status, e.body) from None
                 raise ApiError(e.status, e.message, code=f"backend_{e.phase}") from None
@@ -254,23 +255,24 @@ class CompletionEndpoint:
                     dog.reading()
             tail = relay.flush()
             if not relay.done:
-                ticket.outcome = "upstream_error"
-                tail += error_event("Backend closed the stream before it finished.")
+                ticket.outcome, ticket.error_status = "upstream_error", 502
+                ticket.error = "Backend closed the stream before it finished."
+                tail += error_event(ticket.error)
                 metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", "truncated").inc()
+            elif relay.error:
+                ticket.outcome = "upstream_error"
+                ticket.error = str(relay.error.get("message") or "backend error event")
+                code = relay.error.get("code")
+                ticket.error_status = code if isinstance(code, int) else 502
             else:
-                ticket.outcome = "upstream_error" if relay.error else "ok"
+                ticket.outcome = "ok"
             await ex.finish(tail)
         except UpstreamError as e:
             ticket.outcome = "timeout" if e.status == 504 else "upstream_error"
+            ticket.error, ticket.error_status = e.message, e.status
             metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", e.phase).inc()
             self.gw.pools[lease.backend.pool].record_failure(lease.backend)
-            await send(
-                {
-                    "type": "http.response.body",
-                    "body": relay.flush() + error_event(e.message, e.status),
-                    "more_body": False,
-                }
-            )
+            await ex.finish(relay.flush() + error_event(e.message, e.status))
         finally:
             ticket.first_token_at = relay.first_token_at
             ticket.last_token_at = relay.last_token_at

@@ -7,6 +7,7 @@ The pipeline (gateway/pipeline.py) calls these in order: authenticate → admit 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,7 +21,7 @@ from gateway.backends.pool import Pool
 from gateway.config import GatewayConfig
 from gateway.errors import ApiError
 from gateway.estimate.estimator import Estimator
-from gateway.observability import record
+from gateway.observability import metrics, record
 from gateway.observability.accesslog import AccessLog
 from gateway.observability.failures import FailureEvent
 from gateway.observability.manager import AlertManager
@@ -88,7 +89,7 @@ class Gateway:
         self.tenants = TenantService.from_config(config, current.tenant_defaults)
         self.policy.add_preparer(self._prepare)
         self.weights: dict[str, float] = {}
-        self.pools = {p.name: Pool(p, self.policy) for p in config.pools}
+        self.pools = {p.name: Pool(p, clock=clock) for p in config.pools}
         self.schedulers = {
             name: PoolScheduler(name, pool.backends, self.policy, clock=clock, weight_of=self.weights.get)
             for name, pool in self.pools.items()
@@ -164,6 +165,7 @@ class Gateway:
         ticket.cost, ticket.bucket = self.estimator.estimate(
             parsed.body, endpoint=parsed.endpoint, tenant=tenant.id
         )
+        record.record_priced(ticket)
         if pool.config.priority_scheduling:
             parsed.body["priority"] = ticket.priority
         if not pool.ready():
@@ -250,10 +252,13 @@ class Gateway:
                     ticket.usage.prompt_tokens,
                     ticket.usage.completion_tokens,
                 )
+        if ticket.outcome == "cancelled" and ticket.pool:
+            metrics.CLIENT_DISCONNECTS.labels(ticket.pool).inc()
         if ticket.outcome in FAILED_OUTCOMES:
-            self.alerts.notify_failure(
-                FailureEvent.from_ticket(ticket, status, error or ticket.outcome, self._kv_usage(ticket))
+            event = FailureEvent.from_ticket(
+                ticket, ticket.error_status or status, error or ticket.outcome, self._kv_usage(ticket)
             )
+            self.alerts.notify_failure(event)
         if self.access is not None:
             self.access.log(ticket, status)
 
@@ -340,6 +345,9 @@ class Gateway:
                 if self.config.watch_policy:
                     tg.start_soon(self.policy.watch_file)
                 tg.start_soon(self.policy.watch_sighup)
+                # Start-up objects live for the process: keep the cyclic GC from rescanning them forever.
+                gc.collect()
+                gc.freeze()
                 yield
                 tg.cancel_scope.cancel()
         finally:

@@ -68,6 +68,8 @@ class Ticket:
     usage: Usage | None = None
     outcome: str = "pending"
     error_code: str | None = None
+    error: str | None = None  # what went wrong, for the access log and failure alerts
+    error_status: int | None = None  # the failure's status when the client already got 200 (mid-stream)
 
     @property
     def queue_seconds(self) -> float:

@@ -14,7 +14,6 @@ from gateway.backends import circuit
 from gateway.backends.scrape import apply_metrics_text, apply_server_info
 from gateway.backends.state import BackendState
 from gateway.config import PoolConfig
-from gateway.policy import Policy
 
 log = logging.getLogger("omnigate.backends")
 
@@ -27,12 +26,9 @@ PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 class Pool:
     """Backends serving one traffic class; the dispatcher decides which of them gets each request."""
 
-    def __init__(
-        self, config: PoolConfig, policy: Callable[[], Policy], clock: Callable[[], float] = time.monotonic
-    ):
+    def __init__(self, config: PoolConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.name = config.name
-        self._policy = policy
         self._clock = clock
         self.backends = [
             BackendState(url=url, pool=config.name, name=f"{config.name}-{i}")

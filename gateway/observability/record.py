@@ -50,6 +50,12 @@ def latencies(t: Ticket) -> Latencies:
     return Latencies(ttft, tpot, e2e)
 
 
+def record_priced(t: Ticket) -> None:
+    """The estimate stage priced the ticket: remote media it priced from hints, whatever happens next."""
+    if t.cost.remote_media:
+        m.REMOTE_MEDIA_UNFETCHED.labels(t.bucket).inc(t.cost.remote_media)
+
+
 def record_dispatch(t: Ticket) -> None:
     """A ticket left the queue for a backend: its queue wait."""
     m.QUEUE_WAIT.labels(t.pool, str(t.priority)).observe(t.queue_seconds)
@@ -66,8 +72,6 @@ def record_finished(t: Ticket) -> Latencies:
         m.TPOT.labels(*labels).observe(lat.tpot)
     if lat.e2e is not None and t.outcome == "ok":
         m.E2E.labels(*labels).observe(lat.e2e)
-    if t.cost.remote_media:
-        m.REMOTE_MEDIA_UNFETCHED.labels(t.bucket).inc(t.cost.remote_media)
     if t.usage is not None:
         m.TENANT_TOKENS.labels(t.tenant, "prompt").inc(t.usage.prompt_tokens)
         m.TENANT_TOKENS.labels(t.tenant, "completion").inc(t.usage.completion_tokens)

@@ -103,6 +103,7 @@ class TenantService:
     ) -> None:
         self.store = store
         self.defaults = defaults or TenantDefaults()
+        self._anonymous: Tenant | None = None
         self.failure = failure
         self.clock = clock
         self.bootstrap = bootstrap or []
@@ -148,6 +149,7 @@ class TenantService:
     def set_defaults(self, defaults: TenantDefaults) -> None:
         """Call on policy reload: tenants that left a field unset follow the new default."""
         self.defaults = defaults
+        self._anonymous = None
 
     # -- failure handling -------------------------------------------------------------------------
     def _on_outage(self, down: bool) -> None:
@@ -190,7 +192,9 @@ class TenantService:
 
     def anonymous(self) -> Tenant:
         """The tenant used when `auth.required` is false: policy defaults, no quotas."""
-        return TenantSpec(id="anonymous", name="anonymous").resolve(self.defaults)
+        if self._anonymous is None:  # built once per policy: this runs on every unauthenticated request
+            self._anonymous = TenantSpec(id="anonymous", name="anonymous").resolve(self.defaults)
+        return self._anonymous
 
     @staticmethod
     def effective_priority(tenant: Tenant, requested: int | None) -> int:

@@ -51,8 +51,9 @@ def gateway_config(backends: list[str], policy_path: Path, **overrides: Any) -> 
         "admin": {"token": ADMIN},
         "auth": {"required": False},
         "store": {"kind": "memory"},
-        "pools": [{"name": "interactive", "models": ["test-model"], "backends": backends,
-                   "health_interval_s": 0.2}],
+        "pools": [
+            {"name": "interactive", "models": ["test-model"], "backends": backends, "health_interval_s": 0.2}
+        ],
     }
     data.update(overrides)
     return parse_config(data, environ={})
@@ -61,7 +62,9 @@ def gateway_config(backends: list[str], policy_path: Path, **overrides: Any) -> 
 @pytest.fixture
 def policy_file(tmp_path: Path) -> Path:
     path = tmp_path / "policy.yaml"
-    path.write_text("version: 1\npool_defaults:\n  timeouts: {connect: 1.0, first_byte: 5.0, idle: 5.0, total: 30}\n")
+    path.write_text(
+        "version: 1\npool_defaults:\n  timeouts: {connect: 1.0, first_byte: 5.0, idle: 5.0, total: 30}\n"
+    )
     return path
 
 

@@ -24,8 +24,13 @@ def test_sync_non_streaming(base_url):
 
 def test_sync_streaming_with_usage(base_url):
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
-    stream = client.chat.completions.create(model="test-model", messages=MESSAGES, max_tokens=3, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="test-model",
+        messages=MESSAGES,
+        max_tokens=3,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "t0 t1 t2 "
@@ -35,8 +40,9 @@ def test_sync_streaming_with_usage(base_url):
 
 async def test_async_streaming_without_usage(base_url):
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
-    stream = await client.chat.completions.create(model="test-model", messages=MESSAGES, max_tokens=2,
-                                                  stream=True)
+    stream = await client.chat.completions.create(
+        model="test-model", messages=MESSAGES, max_tokens=2, stream=True
+    )
     chunks = [c async for c in stream]
     assert all(c.usage is None for c in chunks)
     assert [c.choices[0].finish_reason for c in chunks] == [None, None, None, "length"]

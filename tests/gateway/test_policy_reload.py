@@ -10,7 +10,12 @@ from tests.gateway.conftest import ADMIN
 from tests.support.waiting import wait_for
 
 AUTH = {"authorization": f"Bearer {ADMIN}"}
-CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+CHAT = {
+    "model": "test-model",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 3,
+    "stream": True,
+}
 
 
 def _policy(gw) -> dict:

@@ -17,7 +17,9 @@ CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], 
 
 
 def _post(url: str, body: dict, rid: str = "rid-1", **kw) -> httpx.Response:
-    return httpx.post(f"{url}/v1/chat/completions", json=body, headers={"x-request-id": rid}, timeout=10, **kw)
+    return httpx.post(
+        f"{url}/v1/chat/completions", json=body, headers={"x-request-id": rid}, timeout=10, **kw
+    )
 
 
 def test_stream_passes_bytes_through_exactly_with_client_usage(start_backend, start_gateway):
@@ -59,9 +61,12 @@ def test_client_disconnect_cancels_upstream_within_a_second(start_backend, start
     backend = start_backend(token_delay=0.05)
     gw = start_gateway([backend.url])
     body = {**CHAT, "stream": True, "max_tokens": 400}
-    with httpx.Client(timeout=10) as client, client.stream(
-        "POST", f"{gw.url}/v1/chat/completions", json=body, headers={"x-request-id": "cut-1"}
-    ) as resp:
+    with (
+        httpx.Client(timeout=10) as client,
+        client.stream(
+            "POST", f"{gw.url}/v1/chat/completions", json=body, headers={"x-request-id": "cut-1"}
+        ) as resp,
+    ):
         lines = resp.iter_lines()
         got = [next(lines) for _ in range(3)]
         assert got[0].startswith("data: ")
@@ -112,8 +117,9 @@ def test_all_backends_failing_maps_to_openai_error(start_backend, start_gateway)
     gw = start_gateway([a.url, b.url])
     resp = _post(gw.url, CHAT)
     assert resp.status_code == 503
-    assert resp.json() == {"error": {"message": "scripted failure", "type": "InternalServerError",
-                                     "param": None, "code": "503"}}
+    assert resp.json() == {
+        "error": {"message": "scripted failure", "type": "InternalServerError", "param": None, "code": "503"}
+    }
     assert len(a.record.received) + len(b.record.received) == 2
 
 
@@ -135,9 +141,9 @@ def test_mid_stream_failure_sends_error_event_then_done(start_backend, start_gat
     full = expected_stream("chatcmpl-mid-1", "test-model", 4, True, 7)
     prefix = b"".join(e + b"\n\n" for e in full.split(b"\n\n")[:3])
     assert resp.content.startswith(prefix)
-    tail = resp.content[len(prefix):]
+    tail = resp.content[len(prefix) :]
     assert tail.endswith(b"data: [DONE]\n\n")
-    error = orjson.loads(tail.split(b"\n\n")[0][len(b"data: "):])
+    error = orjson.loads(tail.split(b"\n\n")[0][len(b"data: ") :])
     assert error["error"]["code"] == 502
     assert tail == error_event(error["error"]["message"])
 

@@ -27,27 +27,67 @@ def _post(gw, content: bytes, ctype: str = "application/json", path: str = "/v1/
         (b"", "application/json", 400, "invalid_json", None),
         (b"{not json", "application/json", 400, "invalid_json", None),
         (b"[1, 2]", "application/json", 400, "invalid_json", None),
-        (b'{"messages":[{"role":"user","content":"hi"}]}', "application/json", 400,
-         "missing_required_parameter", "model"),
+        (
+            b'{"messages":[{"role":"user","content":"hi"}]}',
+            "application/json",
+            400,
+            "missing_required_parameter",
+            "model",
+        ),
         (b'{"model":5,"messages":[]}', "application/json", 400, "invalid_type", "model"),
         (b'{"model":"test-model"}', "application/json", 400, "missing_required_parameter", "messages"),
         (b'{"model":"test-model","messages":"hi"}', "application/json", 400, "invalid_type", "messages"),
         (b'{"model":"test-model","messages":[]}', "application/json", 400, "invalid_value", "messages"),
         (b'{"model":"test-model","messages":[5]}', "application/json", 400, "invalid_type", "messages[0]"),
-        (b'{"model":"test-model","messages":[{"content":"x"}]}', "application/json", 400, "invalid_type",
-         "messages[0].role"),
-        (b'{"model":"test-model","messages":[{"role":"user","content":7}]}', "application/json", 400,
-         "invalid_type", "messages[0].content"),
-        (b'{"model":"test-model","messages":[{"role":"user","content":"x"}],"stream":"yes"}',
-         "application/json", 400, "invalid_type", "stream"),
-        (b'{"model":"test-model","messages":[{"role":"user","content":"x"}],"max_tokens":"10"}',
-         "application/json", 400, "invalid_type", "max_tokens"),
-        (b'{"model":"test-model","messages":[{"role":"user","content":"x"}],"max_tokens":-1}',
-         "application/json", 400, "invalid_value", "max_tokens"),
-        (b'{"model":"test-model","messages":[{"role":"user","content":"x"}],"n":3}',
-         "application/json", 400, "invalid_value", "n"),
-        (b'{"model":"nope","messages":[{"role":"user","content":"x"}]}', "application/json", 404,
-         "model_not_found", "model"),
+        (
+            b'{"model":"test-model","messages":[{"content":"x"}]}',
+            "application/json",
+            400,
+            "invalid_type",
+            "messages[0].role",
+        ),
+        (
+            b'{"model":"test-model","messages":[{"role":"user","content":7}]}',
+            "application/json",
+            400,
+            "invalid_type",
+            "messages[0].content",
+        ),
+        (
+            b'{"model":"test-model","messages":[{"role":"user","content":"x"}],"stream":"yes"}',
+            "application/json",
+            400,
+            "invalid_type",
+            "stream",
+        ),
+        (
+            b'{"model":"test-model","messages":[{"role":"user","content":"x"}],"max_tokens":"10"}',
+            "application/json",
+            400,
+            "invalid_type",
+            "max_tokens",
+        ),
+        (
+            b'{"model":"test-model","messages":[{"role":"user","content":"x"}],"max_tokens":-1}',
+            "application/json",
+            400,
+            "invalid_value",
+            "max_tokens",
+        ),
+        (
+            b'{"model":"test-model","messages":[{"role":"user","content":"x"}],"n":3}',
+            "application/json",
+            400,
+            "invalid_value",
+            "n",
+        ),
+        (
+            b'{"model":"nope","messages":[{"role":"user","content":"x"}]}',
+            "application/json",
+            404,
+            "model_not_found",
+            "model",
+        ),
         (b'{"x":"' + b"a" * 5000 + b'"}', "application/json", 413, "request_too_large", None),
     ],
 )
@@ -80,14 +120,20 @@ def test_unknown_route_and_method(gw):
 
 
 def test_unknown_traffic_class(gw):
-    resp = httpx.post(gw.url + "/v1/chat/completions", content=GOOD,
-                      headers={"content-type": "application/json", "x-omnigate-class": "gold"})
+    resp = httpx.post(
+        gw.url + "/v1/chat/completions",
+        content=GOOD,
+        headers={"content-type": "application/json", "x-omnigate-class": "gold"},
+    )
     assert resp.status_code == 400
     assert resp.json()["error"]["code"] == "invalid_traffic_class"
 
 
 def test_client_request_id_is_echoed_and_bad_ones_replaced(gw):
-    assert httpx.get(gw.url + "/healthz", headers={"x-request-id": "abc-123"}).headers["x-request-id"] == "abc-123"
+    assert (
+        httpx.get(gw.url + "/healthz", headers={"x-request-id": "abc-123"}).headers["x-request-id"]
+        == "abc-123"
+    )
     replaced = httpx.get(gw.url + "/healthz", headers={"x-request-id": "bad id\twith spaces"})
     assert replaced.headers["x-request-id"] != "bad id\twith spaces"
     assert len(replaced.headers["x-request-id"]) == 32

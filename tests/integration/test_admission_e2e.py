@@ -41,7 +41,9 @@ pool_defaults:
 controller: {{algorithm: fixed, initial: {LIMIT}, min: {LIMIT}, max: {LIMIT}}}
 budgets:
   bucket_caps: {{multi_image: {MULTI_CAP}, single_image: 64, long_doc: 8}}
+fairness: {{reserve_fraction: 0}}  # headroom reserves off: these tests fill the cap itself
 queue:
+  priorities: {{reserve_fraction: 0}}
   classes:
     interactive: {{pool: interactive, ttft_p99_s: 30.0, tpot_p99_s: 1.0, max_wait_s: 30.0}}
     offline: {{pool: offline, ttft_p99_s: null, tpot_p99_s: null, completion_deadline_s: 600,
