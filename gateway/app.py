@@ -54,6 +54,7 @@ _ADMIN_OPENAPI: dict[str, Any] = {
 
 def _routes(gw: Gateway) -> list[BaseRoute]:
     async def models(request: Request) -> Response:
+        await gw.authenticate(request)  # like OpenAI: the model list is for key holders
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "omnigate"} for m in sorted(gw.models)]
         return JSONResponse({"object": "list", "data": data})
 

@@ -20,10 +20,16 @@ def _setup_logging(level: str) -> None:
     clients) stays out of the log."""
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
-        format="%(message)s" if level == "access" else "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     for chatty in ("httpx", "httpcore"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
+    # Access lines are JSON documents of their own: one per line on stdout, nothing around them.
+    access = logging.getLogger("omnigate.access")
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+    access.propagate = False
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
