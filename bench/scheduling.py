@@ -39,7 +39,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._servers import ROOT, Procs, cpu_seconds, free_port, wait_http
-from gateway.policy import Policy
+from gateway.policy import Policy, load_policy
 from loadtest.media import MediaCache
 from loadtest.metrics import meets_slo, summarize
 from loadtest.records import RequestRecord
@@ -67,9 +67,10 @@ TENANTS = [
 
 
 # -- the house ------------------------------------------------------------------------------------------
-def scaled_policy(k: float, controller: dict[str, Any]) -> dict[str, Any]:
-    """The default policy with every duration divided by k (and the prefill-rate prior multiplied)."""
-    p = Policy().model_dump(mode="json")
+def scaled_policy(base: Policy, k: float, controller: dict[str, Any]) -> dict[str, Any]:
+    """The admission sections of `base` with every duration divided by k (the prefill-rate prior
+    multiplied; token budgets stay, as the engine's tokens/s are k times faster too)."""
+    p = base.model_dump(mode="json")
     q, b, w, c = p["queue"], p["budgets"], p["window"], p["controller"]
     for cls in q["classes"].values():
         for key in ("ttft_p99_s", "tpot_p99_s", "completion_deadline_s", "max_wait_s"):
@@ -84,14 +85,14 @@ def scaled_policy(k: float, controller: dict[str, Any]) -> dict[str, Any]:
         acc["max_wait_s"] /= k
     c["cooldown_s"] /= k
     c.update(controller)
-    return {"version": 1, "queue": q, "budgets": b, "window": w, "controller": c}
+    return {"version": 1, "queue": q, "budgets": b, "window": w, "controller": c, "fairness": p["fairness"]}
 
 
 class House:
     """The simulated engines (started once) and one gateway at a time in front of them."""
 
-    def __init__(self, procs: Procs, k: float, backends: int) -> None:
-        self.procs, self.k = procs, k
+    def __init__(self, procs: Procs, k: float, backends: int, policy: Policy) -> None:
+        self.procs, self.k, self.policy = procs, k, policy
         self.sims: list[str] = []
         self.started: dict[str, float] = {}
         for i in range(backends):
@@ -105,7 +106,8 @@ class House:
     def gateway(self, name: str, controller: dict[str, Any]) -> str:
         port = free_port()
         work = self.procs.workdir
-        (work / f"{name}-policy.yaml").write_text(yaml.safe_dump(scaled_policy(self.k, controller)))
+        policy = scaled_policy(self.policy, self.k, controller)
+        (work / f"{name}-policy.yaml").write_text(yaml.safe_dump(policy))
         config = {
             "listen": {"host": "127.0.0.1", "port": port},
             "policy_path": str(work / f"{name}-policy.yaml"),
@@ -454,7 +456,7 @@ async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="omnigate-sched-") as tmp:
         procs = Procs(Path(tmp))
         try:
-            house = House(procs, args.time_scale, args.backends)
+            house = House(procs, args.time_scale, args.backends, load_policy(args.policy))
             report: list[str] = []
             started = time.monotonic()
             for scenario in args.scenarios:
@@ -491,6 +493,9 @@ def main() -> None:
     )
     ap.add_argument("--time-scale", type=float, default=6.0)
     ap.add_argument("--backends", type=int, default=1)
+    ap.add_argument(
+        "--policy", type=Path, default=ROOT / "policies" / "default.yaml", help="policy to time-scale"
+    )
     ap.add_argument(
         "--capacity", type=float, default=CAPACITY_RPS, help="req/s one engine serves (sizes rates)"
     )

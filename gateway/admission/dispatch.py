@@ -4,7 +4,10 @@ A request goes to a backend only if all of these hold for that backend:
 - active requests < the backend's concurrency limit (limits.py), less the headroom its band and its
   tenant must leave free (slots.py);
 - prefill tokens released to it in the current round + the request's prompt ≤ the pool's prefill budget
-  per round, except that a request larger than the whole budget may go alone into an empty round;
+  per round, except that a request larger than the whole budget may go alone into an empty round; under
+  adaptive metering (`prefill_rate_fraction`) what a round released beyond its budget carries into the
+  next rounds (less one budget per round elapsed), so the budget meters the engine's rate even for
+  prompts larger than one round's budget;
 - KV: max(scraped used tokens, gateway-reserved tokens) + the request's KV tokens ≤ watermark · the
   backend's max_total_tokens. The scrape lags our own dispatches and the reservation misses what others
   (or our under-estimates) hold, so the larger of the two is the occupancy. Until the first scrape tells
@@ -65,18 +68,37 @@ class Dispatcher:
             return 0
         return sum(n for band, n in self.round_band_prefill.items() if band >= min_band)
 
-    def open_round(self, now: float, *, grouped: bool = False, top_band: float = -math.inf) -> None:
+    def open_round(
+        self,
+        now: float,
+        *,
+        grouped: bool = False,
+        top_band: float = -math.inf,
+        budgets: PoolBudgets | None = None,
+    ) -> None:
         """Start a round. A grouped round (under load) only releases what was waiting when it opened,
         so each round is one bounded group of prefills — except that a later arrival of a band strictly
         above everything the round opened for (`top_band`, the top waiting band) or released joins at
         once: priority never waits behind a lower band's grouping. It raises the bar, so a second arrival
-        of that band waits for the next round like any other."""
+        of that band waits for the next round like any other. With `budgets`, a backend's prefill released
+        beyond what the rounds since the last one opened allowed is carried in as already released."""
+        self.round_prefill = self._carry(now, budgets) if budgets is not None else {}
         self.round_started = now
         self.round_grouped = grouped
         self.round_bar = top_band
-        self.round_prefill = {}
         self.round_dispatched = {}
         self.round_band_prefill = {}
+
+    def _carry(self, now: float, budgets: PoolBudgets) -> dict[str, int]:
+        """Per backend, the prefill the last round released that the time since it opened (one budget
+        per `round_s`) has not paid off: a 4000-token prompt under a 1000-token budget spends 4 rounds.
+        Only under adaptive metering, where a budget is the engine's measured pace and the carry is the
+        time the engine needs for what it was sent; a fixed budget is a burst size (big prompts go alone)."""
+        if self.round_started is None or budgets.prefill_rate_fraction is None:
+            return {}
+        paid = budgets.prefill_tokens_per_round * (now - self.round_started) / budgets.round_s
+        paid = round(paid, 6)  # clock arithmetic (1000.1 - 1000.0) must not shift a whole token
+        return {url: math.ceil(n - paid) for url, n in self.round_prefill.items() if n > paid}
 
     def joins_round(self, entry: Entry) -> bool:
         """May `entry` go in the current round? Always, unless the round is grouped and it came late."""

@@ -173,7 +173,7 @@ class PoolScheduler:
         budgets, limits = self._decision(policy, (entry.band, entry.tenant))
         idle = [b for b in self.backends if backend_load(b, limits[b.url], budgets) < budgets.lend.max_load]
         if not self.dispatcher.round_open(now, budgets):
-            self.dispatcher.open_round(now)
+            self.dispatcher.open_round(now, budgets=budgets)
         placed = self.dispatcher.place([entry], idle, budgets, limits)
         if placed is None:
             return None
@@ -206,7 +206,7 @@ class PoolScheduler:
                     wake = opens
                     break
                 grouped = under_load(self._pool_level(now, budgets), policy.window)
-                self.dispatcher.open_round(now, grouped=grouped, top_band=load.band)
+                self.dispatcher.open_round(now, grouped=grouped, top_band=load.band, budgets=budgets)
             placed = self.dispatcher.place(self.queue.ordered(), self.backends, budgets, limits)
             loan = placed is None
             if placed is None:
@@ -240,8 +240,8 @@ class PoolScheduler:
         holds; "round_group", "concurrency", "round_prefill", "kv_watermark", "bucket_cap", "excluded",
         "unavailable"), the round, the window, per-backend budgets, and rejections by reason/class."""
         policy = self.policy_getter()
-        budgets = policy.budgets.for_pool(self.pool)
         now = self.clock()
+        budgets = self._budgets(policy, now)
         oldest = self.queue.oldest()
         d = self.dispatcher
         return {
@@ -269,6 +269,7 @@ class PoolScheduler:
             "lent_in_flight": self.lent,
             "prefill_load": self._pool_level(now, budgets),
             "prefill_tokens_per_s": self.rate.at(now),
+            "prefill_tokens_per_round": budgets.prefill_tokens_per_round,
             "rejections": {f"{reason}/{cls}": n for (reason, cls), n in sorted(self.rejections.items())},
             "backends": [
                 {
@@ -359,10 +360,23 @@ class PoolScheduler:
     ) -> tuple[PoolBudgets, dict[str, int]]:
         """Ready the dispatcher for decisions under `policy`: current limits and slot rules (headroom
         for the top band and for tenants under their share; `candidate` (band, tenant) counts as present).
-        Returns the pool's budgets and the limit per backend."""
+        Returns the pool's budgets (the round's prefill budget as metered now) and the limit per backend."""
         self._sync_limits(policy)
         self.dispatcher.rule = self._slot_rule(policy, candidate)
-        return policy.budgets.for_pool(self.pool), {url: lim.limit for url, lim in self.limits.items()}
+        limits = {url: lim.limit for url, lim in self.limits.items()}
+        return self._budgets(policy, self.clock()), limits
+
+    def _budgets(self, policy: Policy, now: float) -> PoolBudgets:
+        """The pool's budgets; with `prefill_rate_fraction`, the round's prefill budget follows the
+        measured prefill rate (never above the configured one, at least one token)."""
+        budgets = policy.budgets.for_pool(self.pool)
+        fraction = budgets.prefill_rate_fraction
+        if fraction is None:
+            return budgets
+        metered = int(fraction * self.rate.at(now) * budgets.round_s)
+        if metered >= budgets.prefill_tokens_per_round:
+            return budgets
+        return budgets.model_copy(update={"prefill_tokens_per_round": max(1, metered)})
 
     def _slot_rule(self, policy: Policy, candidate: tuple[int, str] | None) -> SlotRule:
         top = policy.queue.priorities.top

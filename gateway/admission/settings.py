@@ -120,6 +120,14 @@ class PoolBudgets(_Strict):
     """The per-backend budgets of one pool: prefill per round, KV watermark, modality bucket caps."""
 
     prefill_tokens_per_round: int = Field(default=8192, gt=0)
+    prefill_rate_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        description="Adaptive prefill metering: when set, a round's prefill budget per backend is "
+        "min(prefill_tokens_per_round, this × the measured prefill rate × round_s) — the engine's own pace, "
+        "so the gateway's order (bands, VTC) rather than the engine's FIFO decides whose prefill runs next; "
+        "a queue building in the engine lowers the measured rate and with it the budget. None: fixed.",
+    )
     round_s: float = Field(
         default=0.1, gt=0, description="Length of one dispatch round (prefill budget period)."
     )

@@ -1,0 +1,76 @@
+"""Adaptive prefill metering (`budgets.prefill_rate_fraction`): the round's budget follows the measured
+prefill rate, and what a round released beyond its budget is carried into the next rounds."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.admission.dispatch import Dispatcher
+from gateway.admission.scheduler import PoolScheduler
+from gateway.admission.settings import PoolBudgets
+from tests.admission.helpers import FakeClock, backends, policy, ticket
+
+METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_fraction=1.0)
+
+
+def test_carry_spends_the_following_rounds_until_paid_off() -> None:
+    d = Dispatcher()
+    b = backends(1)[0]
+    d.open_round(0.0, budgets=METERED)
+    d.commit(ticket(prompt=3500), b)  # alone into the empty round
+    d.open_round(0.1, budgets=METERED)
+    assert d.round_prefill == {b.url: 2500}
+    assert d.shared_budget_miss(ticket(prompt=1), b, METERED, limit=8) == "round_prefill"
+    d.open_round(0.3, budgets=METERED)  # two more rounds paid 2000 of it
+    assert d.round_prefill == {b.url: 500}
+    assert d.shared_budget_miss(ticket(prompt=500), b, METERED, limit=8) is None
+    assert d.shared_budget_miss(ticket(prompt=501), b, METERED, limit=8) == "round_prefill"
+    d.open_round(0.4, budgets=METERED)
+    assert d.round_prefill == {}
+
+
+def test_fixed_budget_carries_nothing() -> None:
+    d = Dispatcher()
+    b = backends(1)[0]
+    fixed = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1)
+    d.open_round(0.0, budgets=fixed)
+    d.commit(ticket(prompt=3500), b)
+    d.open_round(0.1, budgets=fixed)
+    assert d.round_prefill == {}
+
+
+def _sched(fraction: float, clock: FakeClock) -> PoolScheduler:
+    pol = policy(
+        queue={"initial_prefill_tokens_per_s": 10000, "prefill_rate_min_samples": 4},
+        budgets={"prefill_tokens_per_round": 8192, "round_s": 0.1, "prefill_rate_fraction": fraction},
+        window={"enabled": False},
+        controller={"algorithm": "fixed", "initial": 8, "min": 8, "max": 8},
+    )
+    return PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
+
+
+def test_budget_follows_the_measured_rate_capped_by_the_configured_one() -> None:
+    clock = FakeClock()
+    s = _sched(0.5, clock)
+    assert s.snapshot()["prefill_tokens_per_round"] == 500  # 0.5 × prior 10000 tokens/s × 0.1 s
+    for _ in range(4):
+        s.observe_prefill(4000, 1.0)
+    assert s.snapshot()["prefill_tokens_per_round"] == 200  # 0.5 × measured 4000 × 0.1
+    assert _sched(10.0, clock).snapshot()["prefill_tokens_per_round"] == 8192
+
+
+async def test_big_prompts_go_at_the_metered_pace() -> None:
+    clock = FakeClock()
+    s = _sched(1.0, clock)  # 1000 tokens per 0.1 s round
+    first = await s.acquire(ticket(arrival=clock.now, prompt=1500))
+    second = asyncio.create_task(s.acquire(ticket(arrival=clock.now, prompt=1500)))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert first.ticket.dispatched_at == 1000.0 and not second.done()
+    clock.now = 1000.1
+    s.pump()  # a new round, but 500 tokens of the first prompt are still carried
+    await asyncio.sleep(0)
+    assert not second.done() and s.snapshot()["backends"][0]["round_prefill_tokens"] == 500
+    clock.now = 1000.2
+    s.pump()
+    assert (await second).ticket.dispatched_at == 1000.2
