@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.admission.settings import ControllerPolicy
+from gateway.admission.settings import ControllerPolicy, SLOClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,3 +125,22 @@ _ALGORITHMS: dict[str, type[FixedLimit] | type[AIMDLimit] | type[GradientLimit]]
 def make_limit(policy: ControllerPolicy, start: int | None = None) -> Limit:
     """A limit of the policy's algorithm; `start` carries the current value over a policy reload."""
     return _ALGORITHMS[policy.algorithm](policy, None if policy.algorithm == "fixed" else start)
+
+
+def latency_ratio(
+    slo: SLOClass,
+    ttft_s: float | None,
+    tpot_s: float | None,
+    prefill_s: float,
+    shared_tpot_p99_s: float | None = None,
+) -> float | None:
+    """max(TPOT / target, (TTFT − estimated prefill) / target); None when no target applies. A class
+    without a TPOT target is judged by `shared_tpot_p99_s`, the tightest target among the requests that
+    share its backend's decode batch: its TPOT is theirs."""
+    parts = []
+    tpot_target = slo.tpot_p99_s if slo.tpot_p99_s is not None else shared_tpot_p99_s
+    if tpot_target is not None and tpot_s is not None:
+        parts.append(tpot_s / tpot_target)
+    if slo.ttft_p99_s is not None and ttft_s is not None:
+        parts.append(max(0.0, ttft_s - prefill_s) / slo.ttft_p99_s)
+    return max(parts) if parts else None

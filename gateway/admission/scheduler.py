@@ -13,68 +13,31 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
-from gateway.admission.dispatch import Dispatcher, backend_load, kv_occupied
+from gateway.admission.dispatch import Dispatcher, backend_load
 from gateway.admission.fairness import VirtualTokenCounters, token_charge
-from gateway.admission.limits import Limit, Sample, make_limit
+from gateway.admission.lease import DROP_OUTCOMES, Lease, Waiter
+from gateway.admission.limits import Limit, Sample, latency_ratio, make_limit
 from gateway.admission.queue import Entry, SLOQueue, effective_deadline
-from gateway.admission.settings import PoolBudgets, SLOClass
+from gateway.admission.settings import PoolBudgets
 from gateway.admission.shedding import PrefillRate, QueueGuard, displaced_error
 from gateway.admission.slots import SlotRule
+from gateway.admission.state import pool_snapshot
 from gateway.admission.window import BatchWindow, QueueLoad, under_load
 from gateway.backends.state import BackendState
 from gateway.errors import ApiError
 from gateway.policy import Policy
 from gateway.ticket import Ticket, Usage
 
-DROP_OUTCOMES = frozenset({"overloaded"})
-"""Outcomes the concurrency limit treats as drops: the backend answered 503 / queue full."""
-
-
-@dataclass(eq=False, slots=True)
-class _Waiter:
-    event: anyio.Event
-    lease: Lease | None = None
-    error: ApiError | None = None
-
-
-class Lease:
-    """A dispatched request's hold on a backend's budgets; `release` gives them all back exactly once."""
-
-    def __init__(
-        self, scheduler: PoolScheduler, entry: Entry, backend: BackendState, charged: float, loan: bool
-    ) -> None:
-        self._scheduler = scheduler
-        self.entry = entry
-        self.backend = backend
-        self.charged = charged
-        self.loan = loan  # the backend belongs to the lending pool (PoolScheduler.lend_to)
-        self.released = False
-
-    @property
-    def ticket(self) -> Ticket:
-        return self.entry.ticket
-
-    def release(
-        self,
-        usage: Usage | None = None,
-        outcome: str = "ok",
-        ttft_s: float | None = None,
-        tpot_s: float | None = None,
-    ) -> None:
-        """Give back every budget (idempotent). `usage` None keeps the estimate as the fairness charge;
-        `ttft_s` is measured from dispatch; outcome "ok" feeds the limit, "overloaded" counts as a drop."""
-        if self.released:
-            return
-        self.released = True
-        self._scheduler._release(self, usage, outcome, ttft_s, tpot_s)
+__all__ = ["DROP_OUTCOMES", "Lease", "PoolScheduler"]  # Lease and DROP_OUTCOMES live in lease.py
 
 
 class PoolScheduler:
+    """One pool's queue, dispatcher, window and limits; `acquire` returns a `Lease` on a backend."""
+
     def __init__(
         self,
         pool: str,
@@ -97,7 +60,7 @@ class PoolScheduler:
         self.dispatcher = Dispatcher()
         self.window = BatchWindow()
         self.limits: dict[str, Limit] = {}
-        self._waiters: dict[Entry, _Waiter] = {}
+        self._waiters: dict[Entry, Waiter] = {}
         self._leases: set[Lease] = set()
         self._next_wake = math.inf
         self._next_sweep = -math.inf
@@ -143,7 +106,7 @@ class PoolScheduler:
         entry = Entry(ticket, slo, effective_deadline(ticket, slo), weight, now, charge, exclude=excluded)
         self.rate.configure(policy.queue)
         victim = self.guard.admit(entry, now, self._available())
-        waiter = self._waiters[entry] = _Waiter(anyio.Event())
+        waiter = self._waiters[entry] = Waiter(anyio.Event())
         if victim is not None:
             self._fail(victim, displaced_error())
         self.pump()
@@ -170,7 +133,7 @@ class PoolScheduler:
         policy = self.policy_getter()
         if not policy.budgets.for_pool(self.pool).lend.enabled or self.queue:
             return None
-        budgets, limits = self._decision(policy, (entry.band, entry.tenant))
+        budgets, limits = self.decision(policy, (entry.band, entry.tenant))
         idle = [b for b in self.backends if backend_load(b, limits[b.url], budgets) < budgets.lend.max_load]
         if not self.dispatcher.round_open(now, budgets):
             self.dispatcher.open_round(now, budgets=budgets)
@@ -196,16 +159,16 @@ class PoolScheduler:
             for entry, err in self.guard.sweep(now, self._available()):
                 self._fail(entry, err)
             self._next_sweep = now + policy.queue.recheck_interval_s
-        budgets, limits = self._decision(policy)
+        budgets, limits = self.decision(policy)
         wake = math.inf
         while self.queue:
             if not self.dispatcher.round_open(now, budgets):
-                load = self._load(now, budgets)
+                load = self.window_load(now, budgets)
                 opens = self.window.opens_at(self.pool, load, policy.window)
                 if opens > now:
                     wake = opens
                     break
-                grouped = under_load(self._pool_level(now, budgets), policy.window)
+                grouped = under_load(self.pool_level(now, budgets), policy.window)
                 self.dispatcher.open_round(now, grouped=grouped, top_band=load.band, budgets=budgets)
             placed = self.dispatcher.place(self.queue.ordered(), self.backends, budgets, limits)
             loan = placed is None
@@ -235,96 +198,12 @@ class PoolScheduler:
                 await self._wake.wait()
 
     def snapshot(self) -> dict[str, Any]:
-        """State for /admin/state — enough to tell why a request waits: queue per priority (depth,
-        oldest wait), the head of the queue and what stops it per backend ("window" while the window
-        holds; "round_group", "concurrency", "round_prefill", "kv_watermark", "bucket_cap", "excluded",
-        "unavailable"), the round, the window, per-backend budgets, and rejections by reason/class."""
-        policy = self.policy_getter()
-        now = self.clock()
-        budgets = self._budgets(policy, now)
-        oldest = self.queue.oldest()
-        d = self.dispatcher
-        return {
-            "pool": self.pool,
-            "queue_depth": len(self.queue),
-            "queue_by_priority": {str(band): n for band, n in self.queue.depth_by_band().items()},
-            "oldest_wait_by_priority": {
-                str(band): now - e.enqueued_at
-                for band in self.queue.depth_by_band()
-                if (e := self.queue.oldest(band)) is not None
-            },
-            "queued_prefill_tokens": self.queue.prefill_tokens(),
-            "oldest_wait_s": 0.0 if oldest is None else now - oldest.enqueued_at,
-            "head": self._head(now, policy, budgets),
-            "window_s": self.window.length_s,
-            "round": {
-                "open": d.round_open(now, budgets),
-                "grouped": d.round_grouped,
-                "age_s": None if d.round_started is None else now - d.round_started,
-                "bar_priority": d.round_bar if math.isfinite(d.round_bar) else None,
-                "dispatched_by_priority": {str(band): n for band, n in sorted(d.round_dispatched.items())},
-            },
-            "in_flight": self.in_flight,
-            "borrowed_in_flight": self.borrowed,
-            "lent_in_flight": self.lent,
-            "prefill_load": self._pool_level(now, budgets),
-            "prefill_tokens_per_s": self.rate.at(now),
-            "prefill_tokens_per_round": budgets.prefill_tokens_per_round,
-            "rejections": {f"{reason}/{cls}": n for (reason, cls), n in sorted(self.rejections.items())},
-            "backends": [
-                {
-                    "url": b.url,
-                    "available": b.available,
-                    "limit": self.limits[b.url].limit,
-                    "active": b.active,
-                    "outstanding_tokens": b.outstanding_tokens,
-                    "reserved_kv_tokens": b.reserved_kv_tokens,
-                    "kv_occupied_tokens": kv_occupied(b),
-                    "max_total_tokens": b.max_total_tokens,
-                    "round_prefill_tokens": d.round_prefill.get(b.url, 0),
-                    "buckets": dict(b.bucket_active),
-                }
-                for b in self.backends
-            ],
-        }
+        """State for /admin/state (`state.pool_snapshot`): why the head request waits, per backend."""
+        return pool_snapshot(self)
 
-    def _head(self, now: float, policy: Policy, budgets: PoolBudgets) -> dict[str, Any] | None:
-        """The first waiting request in dispatch order and what holds it. Between rounds: the window,
-        if it still holds, else the budgets a round opened now would check."""
-        head = next(self.queue.ordered(), None)
-        if head is None:
-            return None
-        _, limits = self._decision(policy)
-        if self.dispatcher.round_open(now, budgets):
-            blocked = self.dispatcher.blocked_by(head, self.backends, budgets, limits)
-        elif self.window.opens_at(self.pool, self._load(now, budgets), policy.window) > now:
-            blocked = {"*": "window"}
-        else:
-            blocked = self.dispatcher.blocked_by(head, self.backends, budgets, limits, new_round=True)
-        return {
-            "id": head.ticket.id,
-            "tenant": head.tenant,
-            "priority": head.band,
-            "wait_s": now - head.enqueued_at,
-            "prompt_tokens": head.prompt_tokens,
-            "blocked_by": blocked,
-        }
+    # -- decision inputs (shared with state.pool_snapshot) --------------------------------------------
 
-    # -- internals ---------------------------------------------------------------------------------
-
-    def _weight(self, policy: Policy, tenant: str) -> float:
-        weight = policy.fairness.weights.get(tenant)
-        if weight is None and self.weight_of is not None:
-            weight = self.weight_of(tenant)
-        return weight if weight is not None and weight > 0 else policy.tenant_defaults.weight
-
-    def _available(self) -> int:
-        return sum(1 for b in self.backends if b.available)
-
-    def _round_tokens(self, budgets: PoolBudgets) -> int:
-        return budgets.prefill_tokens_per_round * max(1, self._available())
-
-    def _load(self, now: float, budgets: PoolBudgets) -> QueueLoad:
+    def window_load(self, now: float, budgets: PoolBudgets) -> QueueLoad:
         """The window judges the top waiting band, so a lower band's load never holds a higher band: its
         queued prefill tokens plus those the current / just-ended round released at that band and above
         (a steady stream that never piles up still reads as load, in tokens: tiny requests are none),
@@ -343,19 +222,12 @@ class PoolScheduler:
             round_tokens=self._round_tokens(budgets),
         )
 
-    def _pool_level(self, now: float, budgets: PoolBudgets) -> float:
+    def pool_level(self, now: float, budgets: PoolBudgets) -> float:
         """Prefill load of the whole pool (every band): a round opened above light load is grouped."""
         demand = self.dispatcher.recent_prefill(now, budgets) + self.queue.prefill_tokens()
         return demand / self._round_tokens(budgets)
 
-    def _slot_wait(self, entry: Entry, now: float) -> float | None:
-        """When could a backend take `entry` (round prefill budget aside)? See QueueGuard."""
-        policy = self.policy_getter()
-        budgets, limits = self._decision(policy, (entry.band, entry.tenant))
-        max_age = policy.queue.prefill_rate_max_age_s
-        return self.dispatcher.slot_wait(entry, self.backends, budgets, limits, now, max_age)
-
-    def _decision(
+    def decision(
         self, policy: Policy, candidate: tuple[int, str] | None = None
     ) -> tuple[PoolBudgets, dict[str, int]]:
         """Ready the dispatcher for decisions under `policy`: current limits and slot rules (headroom
@@ -364,9 +236,9 @@ class PoolScheduler:
         self._sync_limits(policy)
         self.dispatcher.rule = self._slot_rule(policy, candidate)
         limits = {url: lim.limit for url, lim in self.limits.items()}
-        return self._budgets(policy, self.clock()), limits
+        return self.metered_budgets(policy, self.clock()), limits
 
-    def _budgets(self, policy: Policy, now: float) -> PoolBudgets:
+    def metered_budgets(self, policy: Policy, now: float) -> PoolBudgets:
         """The pool's budgets; with `prefill_rate_fraction`, the round's prefill budget follows the
         measured prefill rate (never above the configured one, at least one token)."""
         budgets = policy.budgets.for_pool(self.pool)
@@ -377,6 +249,27 @@ class PoolScheduler:
         if metered >= budgets.prefill_tokens_per_round:
             return budgets
         return budgets.model_copy(update={"prefill_tokens_per_round": max(1, metered)})
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _weight(self, policy: Policy, tenant: str) -> float:
+        weight = policy.fairness.weights.get(tenant)
+        if weight is None and self.weight_of is not None:
+            weight = self.weight_of(tenant)
+        return weight if weight is not None and weight > 0 else policy.tenant_defaults.weight
+
+    def _available(self) -> int:
+        return sum(1 for b in self.backends if b.available)
+
+    def _round_tokens(self, budgets: PoolBudgets) -> int:
+        return budgets.prefill_tokens_per_round * max(1, self._available())
+
+    def _slot_wait(self, entry: Entry, now: float) -> float | None:
+        """When could a backend take `entry` (round prefill budget aside)? See QueueGuard."""
+        policy = self.policy_getter()
+        budgets, limits = self.decision(policy, (entry.band, entry.tenant))
+        max_age = policy.queue.prefill_rate_max_age_s
+        return self.dispatcher.slot_wait(entry, self.backends, budgets, limits, now, max_age)
 
     def _slot_rule(self, policy: Policy, candidate: tuple[int, str] | None) -> SlotRule:
         top = policy.queue.priorities.top
@@ -432,7 +325,7 @@ class PoolScheduler:
         self.counters.charge(ticket.tenant, entry.charge)
         ticket.backend = backend.url
         ticket.dispatched_at = now
-        lease = Lease(self, entry, backend, entry.charge, loan)
+        lease = Lease(entry, backend, entry.charge, loan, self._release)
         self._leases.add(lease)
         waiter = self._waiters.pop(entry)
         waiter.lease = lease
@@ -443,7 +336,7 @@ class PoolScheduler:
         waiter.error = err
         waiter.event.set()
 
-    def _abandon(self, entry: Entry, waiter: _Waiter) -> None:
+    def _abandon(self, entry: Entry, waiter: Waiter) -> None:
         """The caller was cancelled while waiting: leave the queue, or give back a lease it never saw."""
         self._waiters.pop(entry, None)
         if waiter.lease is not None:
@@ -486,22 +379,3 @@ class PoolScheduler:
             self.borrowed -= 1
             self._lender.lent -= 1
             self._lender.pump()  # its own waiting requests may take the freed slot
-
-
-def latency_ratio(
-    slo: SLOClass,
-    ttft_s: float | None,
-    tpot_s: float | None,
-    prefill_s: float,
-    shared_tpot_p99_s: float | None = None,
-) -> float | None:
-    """max(TPOT / target, (TTFT − estimated prefill) / target); None when no target applies. A class
-    without a TPOT target is judged by `shared_tpot_p99_s`, the tightest target among the requests that
-    share its backend's decode batch: its TPOT is theirs."""
-    parts = []
-    tpot_target = slo.tpot_p99_s if slo.tpot_p99_s is not None else shared_tpot_p99_s
-    if tpot_target is not None and tpot_s is not None:
-        parts.append(tpot_s / tpot_target)
-    if slo.ttft_p99_s is not None and ttft_s is not None:
-        parts.append(max(0.0, ttft_s - prefill_s) / slo.ttft_p99_s)
-    return max(parts) if parts else None

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from gateway.admission.limits import AIMDLimit, FixedLimit, GradientLimit, Sample, make_limit
-from gateway.admission.scheduler import PoolScheduler, latency_ratio
+from gateway.admission.limits import AIMDLimit, FixedLimit, GradientLimit, Sample, latency_ratio, make_limit
+from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import ControllerPolicy, SLOClass
 from tests.admission.helpers import FakeClock, backends, policy, ticket
 

@@ -1,0 +1,64 @@
+"""A dispatched request's hold on a backend, and the waiter an `acquire` parks on until it gets one.
+
+The lease knows nothing of the scheduler's accounting: it only guarantees that the release callback
+(`PoolScheduler._release`, which gives back the budgets, reconciles fairness and feeds the limit) runs
+exactly once, however many times the pipeline's error paths call `release`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anyio
+
+from gateway.admission.queue import Entry
+from gateway.backends.state import BackendState
+from gateway.errors import ApiError
+from gateway.ticket import Ticket, Usage
+
+DROP_OUTCOMES = frozenset({"overloaded"})
+"""Outcomes the concurrency limit treats as drops: the backend answered 503 / queue full."""
+
+OnRelease = Callable[["Lease", Usage | None, str, float | None, float | None], None]
+
+
+class Lease:
+    """A dispatched request's hold on a backend's budgets; `release` gives them all back exactly once."""
+
+    def __init__(
+        self, entry: Entry, backend: BackendState, charged: float, loan: bool, on_release: OnRelease
+    ) -> None:
+        self.entry = entry
+        self.backend = backend
+        self.charged = charged
+        self.loan = loan  # the backend belongs to the lending pool (PoolScheduler.lend_to)
+        self.released = False
+        self._on_release = on_release
+
+    @property
+    def ticket(self) -> Ticket:
+        return self.entry.ticket
+
+    def release(
+        self,
+        usage: Usage | None = None,
+        outcome: str = "ok",
+        ttft_s: float | None = None,
+        tpot_s: float | None = None,
+    ) -> None:
+        """Give back every budget (idempotent). `usage` None keeps the estimate as the fairness charge;
+        `ttft_s` is measured from dispatch; outcome "ok" feeds the limit, "overloaded" counts as a drop."""
+        if self.released:
+            return
+        self.released = True
+        self._on_release(self, usage, outcome, ttft_s, tpot_s)
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """What a queued `acquire` waits on: set with a lease on dispatch, or with the refusal."""
+
+    event: anyio.Event
+    lease: Lease | None = None
+    error: ApiError | None = None
