@@ -7,9 +7,8 @@ it reads are exactly the ones its own requests moved.
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -111,15 +110,3 @@ async def scrape_when(
             await anyio.sleep(0.02)
         return text
     return await scrape(client, gateway)
-
-
-@contextmanager
-def silent_url() -> Iterator[str]:
-    """A socket that accepts connections (kernel backlog) and never answers a byte: a hung sink."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
-    finally:
-        sock.close()

@@ -29,7 +29,6 @@ from tests.integration.obs_fixtures import (
     gateway_app,
     scrape_when,
     set_faults,
-    silent_url,
     start_sims,
     text_body,
     wait_scraped,
@@ -44,6 +43,7 @@ from tests.observability.exposition import (
     unsampled_families,
 )
 from tests.support.servers import serve
+from tests.support.sockets import silent_url
 
 SNAPSHOT = Path(__file__).with_name("metrics_snapshot.txt")
 UPDATE_ENV = "OMNIGATE_UPDATE_SNAPSHOT"

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from tests.support.servers import serve
+from tests.support.sockets import silent_url as hung_url
 
 
 class FakeClock:
@@ -92,14 +93,8 @@ def rx(receiver: Receiver) -> Receiver:
 
 @pytest.fixture
 def silent_url() -> Iterator[str]:
-    """A listening socket that accepts connections (kernel backlog) and never answers a byte."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
-    finally:
-        sock.close()
+    with hung_url() as url:
+        yield url
 
 
 @pytest.fixture
