@@ -19,7 +19,7 @@ from loadtest.arrivals import Process, Shape, burst_shape, constant_shape, sawto
 from loadtest.client import PreparedRequest
 from loadtest.media import MediaCache
 
-BUCKETS = ("text", "single_image", "multi_image", "long_doc", "audio")
+BUCKETS = ("text", "single_image", "multi_image", "long_doc", "long_answer", "audio")
 
 
 class _Strict(BaseModel):
@@ -59,6 +59,30 @@ class ImageSpec(_Strict):
 class AudioSpec(_Strict):
     seconds: tuple[float, float] = (5.0, 20.0)
     variants: int = Field(default=4, ge=1)
+
+
+class BucketSpec(_Strict):
+    """Per-bucket request shape: its own output budget and body fields (e.g. `ignore_eos: true`, so a
+    long-form answer runs to max_tokens, as document summaries and reports do), and runs of it sent back
+    to back (a batch job). Request numbers count per worker, so with `--workers N` each worker sends it."""
+
+    output_tokens: Dist | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    run: int = Field(
+        default=1, ge=1, description="Requests sent back to back once picked (a batch job's documents)."
+    )
+    at: int | None = Field(
+        default=None, ge=0, description="Start a run at this request number (warm-up included), not by mix."
+    )
+    every: int | None = Field(
+        default=None, ge=1, description="With `at`: start another run every N requests."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> BucketSpec:
+        if self.every is not None and self.at is None:
+            raise ValueError("every needs at (the request number of the first run)")
+        return self
 
 
 class Share(_Strict):
@@ -133,6 +157,9 @@ class Workload(_Strict):
     priorities: list[PriorityShare] = Field(default_factory=list)
     classes: list[Share] = Field(default_factory=list)
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    buckets: dict[str, BucketSpec] = Field(
+        default_factory=dict, description="Per-bucket max_tokens and body fields over the defaults."
+    )
     arrivals: Arrivals = Arrivals()
     duration: float = Field(default=60.0, gt=0)
     count: int | None = Field(default=None, ge=1)
@@ -152,15 +179,23 @@ class Workload(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Workload:
-        unknown = set(self.mix) - set(BUCKETS)
-        if unknown:
-            raise ValueError(f"unknown buckets in mix: {sorted(unknown)}; known: {list(BUCKETS)}")
+        for field_name, names in (("mix", self.mix), ("buckets", self.buckets)):
+            unknown = set(names) - set(BUCKETS)
+            if unknown:
+                raise ValueError(
+                    f"unknown buckets in {field_name}: {sorted(unknown)}; known: {list(BUCKETS)}"
+                )
         if not any(v > 0 for v in self.mix.values()):
             raise ValueError("mix needs at least one positive share")
         for b in ("single_image", "multi_image"):
-            if self.mix.get(b, 0) > 0 and b not in self.images:
-                raise ValueError(f"mix uses {b} but images.{b} is not configured")
+            if self.uses(b) and b not in self.images:
+                raise ValueError(f"the workload sends {b} but images.{b} is not configured")
         return self
+
+    def uses(self, bucket: str) -> bool:
+        """Whether any request can be of this bucket: a mix share or a scheduled run."""
+        spec = self.buckets.get(bucket)
+        return self.mix.get(bucket, 0) > 0 or (spec is not None and spec.at is not None)
 
 
 class WorkloadError(ValueError):
@@ -247,6 +282,8 @@ class RequestFactory:
         self.rng = random.Random(f"omnigate-content:{workload.seed}:{worker}")
         self._buckets = [b for b, s in workload.mix.items() if s > 0]
         self._bucket_w = [workload.mix[b] for b in self._buckets]
+        self._run: tuple[str, int] = ("", 0)  # bucket of the run in progress, requests left in it
+        self._sent = 0
 
     def text(self, n_tokens: int) -> str:
         return " ".join(self.rng.choice(_WORDS) for _ in range(n_tokens))
@@ -271,24 +308,42 @@ class RequestFactory:
         """Render every image and clip the workload can pick, so no send waits on Pillow."""
         w = self.w
         for bucket, spec in w.images.items():
-            if w.mix.get(bucket, 0) > 0:
+            if w.uses(bucket):
                 for (width, height), v in itertools.product(spec.resolutions, range(spec.variants)):
                     self.media.image_uri(width, height, v, spec.format)
-        if w.mix.get("audio", 0) > 0:
+        if w.uses("audio"):
             lo, hi = round(w.audio.seconds[0]), round(w.audio.seconds[1])
             for sec, v in itertools.product(range(lo, hi + 1), range(w.audio.variants)):
                 self.media.audio_b64(float(sec), v)
 
+    def _next_bucket(self) -> str:
+        bucket, left = self._run
+        n, self._sent = self._sent, self._sent + 1
+        for name, sched in self.w.buckets.items():
+            if sched.at is not None and n >= sched.at and (n - sched.at) % (sched.every or n + 1) == 0:
+                bucket, left = name, sched.run
+        if left <= 0:
+            bucket = _pick(self.rng, self._buckets, self._bucket_w)
+            picked = self.w.buckets.get(bucket)
+            left = picked.run if picked is not None else 1
+        self._run = (bucket, left - 1)
+        return bucket
+
     def next(self) -> PreparedRequest:
         rng, w = self.rng, self.w
-        bucket = _pick(rng, self._buckets, self._bucket_w)
+        bucket = self._next_bucket()
+        spec = w.buckets.get(bucket)
+        output = (
+            spec.output_tokens if spec is not None and spec.output_tokens is not None else w.output_tokens
+        )
         body: dict[str, Any] = {
             "model": w.model,
             "messages": [{"role": "user", "content": self._parts(bucket)}],
-            "max_tokens": w.output_tokens.sample(rng),
+            "max_tokens": output.sample(rng),
             "stream": True,
             "stream_options": {"include_usage": True},
             **w.extra_body,
+            **(spec.extra_body if spec is not None else {}),
         }
         headers: dict[str, str] = {}
         req = PreparedRequest(body=body, headers=headers, bucket=bucket)

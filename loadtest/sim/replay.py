@@ -73,9 +73,13 @@ def arrivals(w: Workload, profile: Profile, media: MediaCache | None = None) -> 
         prompt = counter.chat(prepared.body["messages"])
         max_new = int(prepared.body["max_tokens"])
         o = profile.output
-        natural = round(out_rng.lognormvariate(math.log(o.median_tokens), o.sigma))
+        if prepared.body.get("ignore_eos"):
+            out_len = max_new  # as the server's Generator: no natural stop, no draw
+        else:
+            natural = round(out_rng.lognormvariate(math.log(o.median_tokens), o.sigma))
+            out_len = min(max_new, max(o.min_tokens, natural))
         req = SimRequest(
-            f"r{i}", prompt.total, max_new, min(max_new, max(o.min_tokens, natural)),
+            f"r{i}", prompt.total, max_new, out_len,
             encoder_tokens=prompt.encoder_tokens, arrival=t,
         )  # fmt: skip
         out.append(Arrival(t, phase, req, prepared.bucket))
