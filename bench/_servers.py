@@ -24,6 +24,8 @@ from typing import cast
 
 import orjson
 
+from loadtest.ports import free_port
+
 MODEL = "bench-model"
 STREAM_CHUNKS = 100
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,10 +220,6 @@ def serve_backend(port: int) -> None:
 
 
 # -- process management -----------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def die_with_parent() -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
-import socket
 import sys
 import tempfile
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from loadtest.ports import free_port
 from loadtest.results import build_result
 from loadtest.runner import RunOptions, execute
 from loadtest.workload import load_workload
@@ -58,12 +58,6 @@ def serve_forever(port: int, tokens: int) -> None:
             await server.serve_forever()
 
     asyncio.run(main())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> int:

@@ -40,6 +40,7 @@ from loadtest.arrivals import constant_shape, schedule
 from loadtest.client import send
 from loadtest.http import HttpPool
 from loadtest.media import MediaCache
+from loadtest.ports import free_port
 from loadtest.records import RequestRecord
 from loadtest.workload import RequestFactory, Workload
 
@@ -101,12 +102,6 @@ class Plan:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _port_free(port: int) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ import yaml
 
 from loadtest.http import HttpError, HttpPool
 from loadtest.knee import dig, find_knee, recommend
+from loadtest.ports import free_port
 from loadtest.results import build_result
 from loadtest.runner import RunOptions, execute
 
@@ -39,12 +39,6 @@ PointTarget = Callable[[str], AbstractAsyncContextManager[Endpoint]]
 
 class SweepError(RuntimeError):
     """A point could not be prepared (simulator did not start, admin API refused the policy)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_healthy(url: str, timeout_s: float, proc: asyncio.subprocess.Process | None = None) -> None:
