@@ -31,6 +31,7 @@ from gateway.openai_api import ParsedRequest
 from gateway.policy import Policy
 from gateway.reloader import PolicyHolder
 from gateway.tenants.models import Tenant
+from gateway.tenants.quota import LIMIT_CODES
 from gateway.tenants.service import QuotaExceeded, Reservation, TenantService
 from gateway.ticket import Ticket
 
@@ -42,10 +43,10 @@ _REASONS = {
     "displaced": "displaced",
     "queue_full": "queue_full",
     "queue_timeout": "queue_full",
-    "daily_tokens_exceeded": "budget",
-    "monthly_tokens_exceeded": "budget",
+    LIMIT_CODES["daily_tokens"]: "budget",
+    LIMIT_CODES["monthly_tokens"]: "budget",
 }
-_CAPACITY_REJECTIONS = frozenset({"slo_unattainable", "displaced", "queue_full", "budget_capacity"})
+_CAPACITY_REJECTIONS = frozenset({"slo_unattainable", "displaced", "queue_full"})
 FAILED_OUTCOMES = frozenset({"upstream_error", "timeout", "internal_error"})
 
 
