@@ -84,6 +84,7 @@ def scaled_policy(base: Policy, k: float, controller: dict[str, Any]) -> dict[st
     for acc in w["accumulate"].values():
         acc["max_wait_s"] /= k
     c["cooldown_s"] /= k
+    p["fairness"]["share_window_s"] /= k
     c.update(controller)
     return {"version": 1, "queue": q, "budgets": b, "window": w, "controller": c, "fairness": p["fairness"]}
 
@@ -195,6 +196,9 @@ def workload(args: argparse.Namespace, label: str, **over: Any) -> Workload:
         "drain": args.drain,
         "timeout": 600,
         "arrivals.shape": "constant",
+        # the plain mix: seed.yaml's long-answer batch job (110 back-to-back 2 k-token answers, there to
+        # exhaust KV at cap 128 in validate-seed) would turn a "light" tenant into a heavy one mid-run
+        "buckets": {},
         # two variants per image size: the engine only sees dimensions, and a small set keeps the
         # harness' media prewarm (blocking, in the shared event loop) from delaying a parallel stream
         "images.single_image.variants": 2,

@@ -35,7 +35,11 @@ class PoolConfig(_Strict):
     max_connections: int = Field(1024, ge=1)
     max_keepalive: int = Field(256, ge=0)
     health_interval_s: float = Field(2.0, gt=0)
-    priority_scheduling: bool = Field(False, description="Pass the effective priority in `priority`.")
+    priority_scheduling: bool = Field(
+        False,
+        description="The backends run SGLang's priority scheduling: pass each dispatch's engine priority "
+        "(2 × the effective priority, + 1 while the tenant is under its fair share) in `priority`.",
+    )
 
     @field_validator("backends")
     @classmethod

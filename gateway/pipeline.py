@@ -123,10 +123,9 @@ class CompletionEndpoint:
         strip_usage = parsed.stream and not parsed.include_usage
         if strip_usage:
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        payload = orjson.dumps(body)
         headers = {"content-type": "application/json", "x-request-id": ticket.id}
         timeouts = policy.pool(pool.name).timeouts
-        upstream, lease = await self._open(ticket, pool, payload, headers, policy)
+        upstream, lease = await self._open(ticket, pool, body, headers, policy)
         try:
             if parsed.stream:
                 await self._relay_stream(ex, ticket, pool, lease, upstream, strip_usage, timeouts)
@@ -147,8 +146,11 @@ class CompletionEndpoint:
         )
 
     async def _open(
-        self, ticket: Ticket, pool: Pool, payload: bytes, headers: dict[str, str], policy: Any
+        self, ticket: Ticket, pool: Pool, body: dict[str, Any], headers: dict[str, str], policy: Any
     ) -> tuple[OpenUpstream, Lease]:
+        """Wait for a lease and open the upstream; before the first byte, retry on another backend. The
+        body is serialised per attempt: a backend that schedules by priority gets the dispatch's engine
+        priority (`Dispatcher.engine_priority`) in `priority`."""
         pool_policy = policy.pool(pool.name)
         exclude: set[str] = set()
         scheduler = self.gw.schedulers[pool.name]
@@ -156,6 +158,9 @@ class CompletionEndpoint:
             lease = await scheduler.acquire(ticket, exclude=exclude)
             backend = lease.backend
             owner = self.gw.pools[backend.pool]  # differs from `pool` when an idle backend is lent
+            if owner.config.priority_scheduling:
+                body["priority"] = lease.engine_priority
+            payload = orjson.dumps(body)
             ticket.backend = owner.backend_id(backend)
             ticket.dispatched_at = self.gw.clock()
             record.record_dispatch(ticket)

@@ -92,7 +92,14 @@ class Gateway:
         self.weights: dict[str, float] = {}
         self.pools = {p.name: Pool(p, clock=clock) for p in config.pools}
         self.schedulers = {
-            name: PoolScheduler(name, pool.backends, self.policy, clock=clock, weight_of=self.weights.get)
+            name: PoolScheduler(
+                name,
+                pool.backends,
+                self.policy,
+                clock=clock,
+                weight_of=self.weights.get,
+                engine_priorities=pool.config.priority_scheduling,
+            )
             for name, pool in self.pools.items()
         }
         for lender in self._pools_of_class("interactive"):
@@ -167,8 +174,6 @@ class Gateway:
             parsed.body, endpoint=parsed.endpoint, tenant=tenant.id
         )
         record.record_priced(ticket)
-        if pool.config.priority_scheduling:
-            parsed.body["priority"] = ticket.priority
         if not pool.ready():
             raise ApiError(
                 503,

@@ -13,6 +13,13 @@ A request goes to a backend only if all of these hold for that backend:
   (or our under-estimates) hold, so the larger of the two is the occupancy. Until the first scrape tells
   max_total_tokens the KV check is off; a request may always go to a backend with nothing active;
 - its modality bucket is under the bucket's cap on that backend.
+A tenant holding fewer of the pool's slots at its band than its weighted fair share (`under_share`) is
+served first in its band (queue.py). When the pool's engines schedule by priority (`priority_scheduling`),
+each dispatch also gets an engine priority (`engine_priority`): its band, doubled, plus one while its
+tenant is under its share. The engine serves its waiting requests by that value, so a light tenant's
+prefill overtakes a heavy tenant's queued ones instead of waiting behind them; and the round's prefill
+budget is metered per engine priority — a request counts only the prefill released (and carried) at its
+engine priority and above, the part the engine runs before it.
 Among backends that fit: least outstanding estimated tokens (then fewest active, then URL).
 
 Head-of-line: a request that is out only because of its own constraints (its bucket is at cap on every
@@ -28,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+from gateway.admission.fairness import RecentService
 from gateway.admission.queue import Entry
 from gateway.admission.settings import PoolBudgets
 from gateway.admission.slots import Holdings, SlotRule, SlotTurnover, slot_miss, slots_short
@@ -47,7 +55,12 @@ class Dispatcher:
         self.round_started: float | None = None
         self.round_grouped = False
         self.round_bar = -math.inf  # highest band the round opened for or released
-        self.round_prefill: dict[str, int] = {}
+        self.round_prefill: dict[str, dict[int, int]] = {}  # backend → engine priority → tokens
+        self.engine_priorities = False  # set by the scheduler: the engines serve waiting work by priority
+        self.pool_slots = 0  # set by the scheduler: Σ concurrency limits of the available backends
+        self.recent = RecentService()  # charged by the scheduler at dispatch
+        self.now = 0.0  # the decision's time and the recent-service window, set by the scheduler
+        self.share_window_s = 60.0
         self.round_dispatched: dict[int, int] = {}  # band → dispatches this round
         self.round_band_prefill: dict[int, int] = {}  # band → prefill tokens released this round
         self.rule = SlotRule()  # set by the scheduler from the policy before each decision
@@ -89,16 +102,50 @@ class Dispatcher:
         self.round_dispatched = {}
         self.round_band_prefill = {}
 
-    def _carry(self, now: float, budgets: PoolBudgets) -> dict[str, int]:
-        """Per backend, the prefill the last round released that the time since it opened (one budget
-        per `round_s`) has not paid off: a 4000-token prompt under a 1000-token budget spends 4 rounds.
+    def _carry(self, now: float, budgets: PoolBudgets) -> dict[str, dict[int, int]]:
+        """Per backend and engine priority, the prefill the last round released that the time since it
+        opened (one budget per `round_s`) has not paid off: a 4000-token prompt under a 1000-token budget
+        spends 4 rounds. The engine works from its highest priority down, so that is what is paid first.
         Only under adaptive metering, where a budget is the engine's measured pace and the carry is the
         time the engine needs for what it was sent; a fixed budget is a burst size (big prompts go alone)."""
         if self.round_started is None or budgets.prefill_rate_fraction is None:
             return {}
         paid = budgets.prefill_tokens_per_round * (now - self.round_started) / budgets.round_s
         paid = round(paid, 6)  # clock arithmetic (1000.1 - 1000.0) must not shift a whole token
-        return {url: math.ceil(n - paid) for url, n in self.round_prefill.items() if n > paid}
+        carried: dict[str, dict[int, int]] = {}
+        for url, levels in self.round_prefill.items():
+            left = paid
+            for prio in sorted(levels, reverse=True):
+                if levels[prio] > left:
+                    carried.setdefault(url, {})[prio] = math.ceil(levels[prio] - left)
+                left = max(0.0, left - levels[prio])
+        return carried
+
+    def released(self, url: str, min_priority: float = -math.inf) -> int:
+        """Prefill tokens the round released (or carried) to `url` at engine priority ≥ `min_priority`."""
+        return sum(n for prio, n in self.round_prefill.get(url, {}).items() if prio >= min_priority)
+
+    def under_share(self, band: int, tenant: str) -> bool:
+        """Is `tenant` under its weighted fair share at `band` of both scarce things: the pool's slots
+        (the slot rule's `tenant_share` × `pool_slots`: running generations cannot be preempted) and its
+        recent service in tokens (`RecentService`: the prefill a light tenant waits behind)? Such a tenant
+        goes first; the others wait their turn by VTC. Off (nobody under) without tenant headroom."""
+        if self.rule.tenant_fraction <= 0:
+            return False
+        share = self.rule.tenant_share(band, tenant) * self.pool_slots
+        if self.holdings.in_pool(band, tenant) >= share:
+            return False
+        present = self.rule.present.get(band, {})
+        if tenant not in present:
+            present = {**present, tenant: self.rule.weight_of(tenant)}
+        return self.recent.under_share(tenant, present, self.now, self.share_window_s)
+
+    def engine_priority(self, ticket: Ticket) -> int:
+        """The `priority` the engine gets for `ticket` (0 when the engines ignore it): the band doubled,
+        plus one while the tenant is under its share."""
+        if not self.engine_priorities:
+            return 0
+        return 2 * ticket.priority + (1 if self.under_share(ticket.priority, ticket.tenant) else 0)
 
     def joins_round(self, entry: Entry) -> bool:
         """May `entry` go in the current round? Always, unless the round is grouped and it came late."""
@@ -121,7 +168,7 @@ class Dispatcher:
         miss = slot_miss(ticket, backend, limit, self.rule, self.holdings)
         if miss is not None:
             return miss
-        released = self.round_prefill.get(backend.url, 0)
+        released = self.released(backend.url, self.engine_priority(ticket))
         if metered and released and released + ticket.cost.prompt_tokens > budgets.prefill_tokens_per_round:
             return "round_prefill"
         return _kv_miss(ticket, backend, budgets)
@@ -204,23 +251,27 @@ class Dispatcher:
                 best = wait
         return best
 
-    def commit(self, ticket: Ticket, backend: BackendState, *, loan: bool = False) -> None:
-        """Account a dispatch on the backend (`release` undoes exactly that) and in the round. A loan
+    def commit(self, ticket: Ticket, backend: BackendState, *, loan: bool = False) -> int:
+        """Account a dispatch on the backend (`release` undoes exactly that) and in the round; returns its
+        engine priority. A loan
         (another pool's request on our backend) spends the round's prefill budget but is not our
         traffic: it neither raises the round's bar nor counts as arrival pressure for the window."""
         cost = ticket.cost
+        prio = self.engine_priority(ticket)
         self.holdings.add(backend.url, ticket)
         backend.active += 1
         backend.outstanding_tokens += cost.total_tokens
         backend.reserved_kv_tokens += cost.kv_tokens
         backend.bucket_active[ticket.bucket] = backend.bucket_active.get(ticket.bucket, 0) + 1
-        self.round_prefill[backend.url] = self.round_prefill.get(backend.url, 0) + cost.prompt_tokens
+        levels = self.round_prefill.setdefault(backend.url, {})
+        levels[prio] = levels.get(prio, 0) + cost.prompt_tokens
         if loan:
-            return
+            return prio
         band = ticket.priority
         self.round_dispatched[band] = self.round_dispatched.get(band, 0) + 1
         self.round_band_prefill[band] = self.round_band_prefill.get(band, 0) + cost.prompt_tokens
         self.round_bar = max(self.round_bar, band)
+        return prio
 
     def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:
         """Undo `commit` (on the pool that owns the backend, also for a loan) and time the freed slot."""

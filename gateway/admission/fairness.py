@@ -10,7 +10,8 @@ the difference with the actual usage when the request ends.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Mapping
 
 
 def token_charge(prompt_tokens: int, output_tokens: int, weight: float, wp: float, wq: float) -> float:
@@ -45,3 +46,40 @@ class VirtualTokenCounters:
 
     def snapshot(self) -> dict[str, float]:
         return dict(self._counters)
+
+
+class RecentService:
+    """Weighted tokens dispatched per tenant, decayed with time constant `window_s`: the rate view of
+    service that VTC's lifted counters no longer hold (a light tenant lifted to a heavy one's counter on
+    every arrival reads as just as served). `under_share` tells a tenant receiving less than the
+    weighted average of the tenants present — less than its share of the pool's recent service."""
+
+    def __init__(self) -> None:
+        self._service: dict[str, tuple[float, float]] = {}  # tenant → (decayed charge, as of)
+
+    def charge(
+        self, tenant: str, amount: float, now: float, window_s: float, at: float | None = None
+    ) -> None:
+        """Add a dispatch's VTC charge (already divided by the tenant's weight); at the end, the actual
+        usage's charge minus that estimate, dated `at` the dispatch so it decays as the estimate did (an
+        undated correction of a long request would outweigh its long-decayed estimate)."""
+        age = 0.0 if at is None else max(0.0, now - at)
+        self._service[tenant] = (self.value(tenant, now, window_s) + amount * math.exp(-age / window_s), now)
+
+    def value(self, tenant: str, now: float, window_s: float) -> float:
+        value, at = self._service.get(tenant, (0.0, now))
+        return value * math.exp(-max(0.0, now - at) / window_s)
+
+    def under_share(self, tenant: str, present: Mapping[str, float], now: float, window_s: float) -> bool:
+        """Is `tenant`'s weight-normalised recent service below the weighted average over `present`
+        (tenant → weight, `tenant` included)? Equal service is not under: two tenants served alike tie."""
+        total_weight = sum(present.values())
+        if total_weight <= 0:
+            return False
+        average = sum(w * self.value(t, now, window_s) for t, w in present.items()) / total_weight
+        return self.value(tenant, now, window_s) < average * (1 - 1e-9)
+
+    def forget(self, now: float, window_s: float) -> None:
+        """Drop tenants whose service has decayed to nothing, so the map stays bounded."""
+        for tenant in [t for t in self._service if self.value(t, now, window_s) < 1e-6]:
+            del self._service[tenant]

@@ -27,12 +27,20 @@ class Lease:
     """A dispatched request's hold on a backend's budgets; `release` gives them all back exactly once."""
 
     def __init__(
-        self, entry: Entry, backend: BackendState, charged: float, loan: bool, on_release: OnRelease
+        self,
+        entry: Entry,
+        backend: BackendState,
+        charged: float,
+        loan: bool,
+        on_release: OnRelease,
+        engine_priority: int = 0,
     ) -> None:
         self.entry = entry
         self.backend = backend
         self.charged = charged
         self.loan = loan  # the backend belongs to the lending pool (PoolScheduler.lend_to)
+        self.engine_priority = engine_priority  # the request's `priority` field (Dispatcher.engine_priority)
+        self.dispatched_at: float | None = None  # on the scheduler's clock
         self.released = False
         self._on_release = on_release
 

@@ -1,8 +1,11 @@
-"""The queue discipline of one pool: strict priority bands → VTC fairness between tenants → EDF.
+"""The queue discipline of one pool: strict priority bands → fair sharing between tenants → EDF.
 
 `SLOQueue.ordered()` yields waiting entries in the order the dispatcher should try them: bands from the
-most urgent (largest priority) down; inside a band, tenants by their virtual counter (lowest first, ties
-by name); inside a tenant, earliest deadline first (ties by arrival order). `projected()` replays that
+most urgent (largest priority) down; inside a band, tenants under their fair share of the pool's slots
+first (`standing`, Dispatcher.under_share), then by their virtual counter (lowest first, ties by name);
+inside a tenant, earliest deadline first (ties by arrival order). Standing comes first because VTC alone
+lets a light tenant queue behind a heavy one: lifted to the heavy tenant's counter on every arrival and
+then charged, it is often just above it, and the heavy tenant's backlog goes first. `projected()` replays that
 order dispatch by dispatch (VTC re-sorts tenants after every charge) to tell how many prefill tokens go
 before each entry. The queue only holds and orders; admission checks live in shedding.py, budgets in
 dispatch.py.
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from gateway.admission.fairness import VirtualTokenCounters
@@ -59,8 +62,11 @@ def effective_deadline(ticket: Ticket, slo: SLOClass) -> float:
 
 
 class SLOQueue:
-    def __init__(self, counters: VirtualTokenCounters) -> None:
+    def __init__(
+        self, counters: VirtualTokenCounters, standing: Callable[[int, str], bool] | None = None
+    ) -> None:
         self.counters = counters
+        self.standing = standing or (lambda band, tenant: False)  # (band, tenant) → under its share
         self._bands: dict[int, dict[str, list[Entry]]] = {}
         self._band_tokens: dict[int, int] = {}
         self._tenant_depth: dict[str, int] = {}
@@ -117,8 +123,11 @@ class SLOQueue:
     def ordered(self) -> Iterator[Entry]:
         for band in sorted(self._bands, reverse=True):
             tenants = self._bands[band]
-            for tenant in sorted(tenants, key=lambda t: (self.counters.counter(t), t)):
+            for tenant in sorted(tenants, key=lambda t: self._tenant_key(band, t, self.counters.counter(t))):
                 yield from tenants[tenant]
+
+    def _tenant_key(self, band: int, tenant: str, counter: float) -> tuple[bool, float, str]:
+        return (not self.standing(band, tenant), counter, tenant)
 
     def entries(self) -> list[Entry]:
         return [e for tenants in self._bands.values() for lst in tenants.values() for e in lst]
@@ -149,9 +158,10 @@ class SLOQueue:
         """Waiting entries (plus an unqueued `candidate`) in dispatch order, each with the prefill tokens
         dispatched before it.
 
-        Bands go strictly from the top; inside a band VTC is replayed on a copy of the counters (each
-        dispatch charges the entry's estimate and re-sorts the tenants), so another tenant's request counts
-        as ahead exactly when VTC would serve it first — lower bands never count, and neither does the part
+        Bands go strictly from the top; inside a band tenants under their share come first (their standing
+        is taken as of now) and VTC is replayed on a copy of the counters (each dispatch charges the entry's
+        estimate and re-sorts the tenants), so another tenant's request counts as ahead exactly when the
+        order would serve it first — lower bands never count, and neither does the part
         of a heavy tenant's backlog that VTC serves after this request. A candidate whose tenant has
         nothing queued starts from the counter it will be lifted to. Budgets and future arrivals are not
         modelled: this is the queue's share of the wait, not a bound on it.
@@ -168,16 +178,16 @@ class SLOQueue:
         ahead = 0
         for band in sorted(bands, reverse=True):
             tenants = bands[band]
-            heap = [(counters[t], t, 0) for t in tenants]
+            heap = [(self._tenant_key(band, t, counters[t]), 0) for t in tenants]
             heapq.heapify(heap)
             while heap:
-                _, tenant, i = heapq.heappop(heap)
+                (over, _, tenant), i = heapq.heappop(heap)
                 entry = tenants[tenant][i]
                 yield entry, ahead
                 ahead += entry.prompt_tokens
                 counters[tenant] += entry.charge
                 if i + 1 < len(tenants[tenant]):
-                    heapq.heappush(heap, (counters[tenant], tenant, i + 1))
+                    heapq.heappush(heap, ((over, counters[tenant], tenant), i + 1))
 
     def newest_of_lowest_band(self, traffic_class: str, below: int) -> Entry | None:
         """The displacement victim: in the lowest band under `below`, the most recently queued entry."""

@@ -46,6 +46,7 @@ class PoolScheduler:
         *,
         clock: Callable[[], float] = time.monotonic,
         weight_of: Callable[[str], float | None] | None = None,
+        engine_priorities: bool = False,
     ) -> None:
         self.pool = pool
         self.backends = backends
@@ -54,10 +55,11 @@ class PoolScheduler:
         self.weight_of = weight_of
         policy = policy_getter()
         self.counters = VirtualTokenCounters()
-        self.queue = SLOQueue(self.counters)
+        self.dispatcher = Dispatcher()
+        self.dispatcher.engine_priorities = engine_priorities
+        self.queue = SLOQueue(self.counters, standing=self.dispatcher.under_share)
         self.rate = PrefillRate(policy.queue)
         self.guard = QueueGuard(self.queue, self.rate, pool, slot_wait=self._slot_wait)
-        self.dispatcher = Dispatcher()
         self.window = BatchWindow()
         self.limits: dict[str, Limit] = {}
         self._waiters: dict[Entry, Waiter] = {}
@@ -125,8 +127,9 @@ class PoolScheduler:
         `budgets.lend` policy allows (off by default): see `lend`."""
         borrower._lender = self
 
-    def lend(self, entry: Entry, now: float) -> BackendState | None:
-        """A backend of this pool for a borrower's request, already accounted, or None. A loan starts
+    def lend(self, entry: Entry, now: float) -> tuple[BackendState, int] | None:
+        """A backend of this pool for a borrower's request, already accounted, and the request's engine
+        priority there; or None. A loan starts
         only while lending is enabled, none of this pool's own requests wait, and a backend is below
         `lend.max_load` and fits this pool's budgets (the loan spends this pool's round prefill budget).
         Loans run to their end: the guarantee is that no loan starts while our requests wait."""
@@ -141,9 +144,9 @@ class PoolScheduler:
         if placed is None:
             return None
         backend = placed[1]
-        self.dispatcher.commit(entry.ticket, backend, loan=True)
+        prio = self.dispatcher.commit(entry.ticket, backend, loan=True)
         self.lent += 1
-        return backend
+        return backend, prio
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """Feed one observed prefill (prompt tokens, seconds to first token) to the pool's rate estimate."""
@@ -159,6 +162,7 @@ class PoolScheduler:
             for entry, err in self.guard.sweep(now, self._available()):
                 self._fail(entry, err)
             self._next_sweep = now + policy.queue.recheck_interval_s
+            self.dispatcher.recent.forget(now, policy.fairness.share_window_s)
         budgets, limits = self.decision(policy)
         wake = math.inf
         while self.queue:
@@ -171,14 +175,17 @@ class PoolScheduler:
                 grouped = under_load(self.pool_level(now, budgets), policy.window)
                 self.dispatcher.open_round(now, grouped=grouped, top_band=load.band, budgets=budgets)
             placed = self.dispatcher.place(self.queue.ordered(), self.backends, budgets, limits)
-            loan = placed is None
-            if placed is None:
-                placed = self._borrow(now)
-            if placed is None:
+            if placed is not None:
+                entry, backend = placed
+                self._dispatch(entry, backend, now, self.dispatcher.commit(entry.ticket, backend), loan=False)
+                continue
+            borrowed = self._borrow(now)
+            if borrowed is None:
                 ends = self.dispatcher.round_ends(budgets)
                 wake = math.inf if ends is None else ends
                 break
-            self._dispatch(*placed, now, loan=loan)
+            entry, backend, prio = borrowed
+            self._dispatch(entry, backend, now, prio, loan=True)
         if not self.queue:
             self.window.length_s = 0.0
         else:
@@ -236,6 +243,9 @@ class PoolScheduler:
         self._sync_limits(policy)
         self.dispatcher.rule = self._slot_rule(policy, candidate)
         limits = {url: lim.limit for url, lim in self.limits.items()}
+        self.dispatcher.pool_slots = sum(limits[b.url] for b in self.backends if b.available)
+        self.dispatcher.now = self.clock()
+        self.dispatcher.share_window_s = policy.fairness.share_window_s
         return self.metered_budgets(policy, self.clock()), limits
 
     def metered_budgets(self, policy: Policy, now: float) -> PoolBudgets:
@@ -306,26 +316,29 @@ class PoolScheduler:
                 self.limits[b.url] = current = make_limit(policy.controller, start)
             b.concurrency_limit = current.limit
 
-    def _borrow(self, now: float) -> tuple[Entry, BackendState] | None:
+    def _borrow(self, now: float) -> tuple[Entry, BackendState, int] | None:
         """Our own backends are full: offer the first request this round may release to the lender."""
         if self._lender is None:
             return None
         head = next((e for e in self.queue.ordered() if self.dispatcher.joins_round(e)), None)
-        backend = None if head is None else self._lender.lend(head, now)
-        return None if head is None or backend is None else (head, backend)
+        loan = None if head is None else self._lender.lend(head, now)
+        return None if head is None or loan is None else (head, *loan)
 
-    def _dispatch(self, entry: Entry, backend: BackendState, now: float, *, loan: bool) -> None:
+    def _dispatch(
+        self, entry: Entry, backend: BackendState, now: float, engine_priority: int, *, loan: bool
+    ) -> None:
+        """Hand `entry` its lease (the dispatcher, or the lender for a loan, has already accounted it)."""
         self.queue.remove(entry)
         ticket = entry.ticket
         if loan:
-            self.borrowed += 1  # the lender accounted it
-        else:
-            self.dispatcher.commit(ticket, backend)
+            self.borrowed += 1
         self.counters.served(ticket.tenant)
         self.counters.charge(ticket.tenant, entry.charge)
+        self.dispatcher.recent.charge(ticket.tenant, entry.charge, now, self.dispatcher.share_window_s)
         ticket.backend = backend.url
         ticket.dispatched_at = now
-        lease = Lease(entry, backend, entry.charge, loan, self._release)
+        lease = Lease(entry, backend, entry.charge, loan, self._release, engine_priority)
+        lease.dispatched_at = now
         self._leases.add(lease)
         waiter = self._waiters.pop(entry)
         waiter.lease = lease
@@ -363,6 +376,13 @@ class PoolScheduler:
                 fair.output_weight,
             )
             self.counters.charge(ticket.tenant, actual - lease.charged)
+            self.dispatcher.recent.charge(
+                ticket.tenant,
+                actual - lease.charged,
+                self.clock(),
+                policy.fairness.share_window_s,
+                at=lease.dispatched_at,
+            )
         prompt = (
             usage.prompt_tokens if usage is not None and usage.prompt_tokens else ticket.cost.prompt_tokens
         )

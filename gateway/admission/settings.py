@@ -219,3 +219,10 @@ class FairnessPolicy(_Strict):
         description="A tenant holding its weighted fair share of a backend's slots (among the tenants "
         "waiting or running in the pool) leaves this further share of the limit free for the others.",
     )
+    share_window_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Time constant of the recent-service measure: a tenant whose weighted tokens "
+        "dispatched over about this long are below its share (and who holds fewer slots than its share) "
+        "is served first in its band and gets the higher engine priority.",
+    )

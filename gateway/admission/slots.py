@@ -93,6 +93,10 @@ class Holdings:
     def of_tenant(self, url: str, band: int, tenant: str) -> int:
         return self._tenants.get(url, Counter())[(band, tenant)]
 
+    def in_pool(self, band: int, tenant: str) -> int:
+        """Slots the tenant holds at `band` on all the pool's backends."""
+        return self._pool_tenants[(band, tenant)]
+
     def tenants(self) -> set[tuple[int, str]]:
         """(band, tenant) of every slot held on the pool's backends."""
         return set(self._pool_tenants)

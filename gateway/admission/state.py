@@ -64,7 +64,7 @@ def pool_snapshot(s: PoolScheduler) -> dict[str, Any]:
                 "reserved_kv_tokens": b.reserved_kv_tokens,
                 "kv_occupied_tokens": kv_occupied(b),
                 "max_total_tokens": b.max_total_tokens,
-                "round_prefill_tokens": d.round_prefill.get(b.url, 0),
+                "round_prefill_tokens": d.released(b.url),
                 "buckets": dict(b.bucket_active),
             }
             for b in s.backends

@@ -55,7 +55,9 @@ async def test_offline_borrows_an_interactive_backend_only_when_allowed_and_neve
     await asyncio.sleep(0)
     loan = fifth.result()
     assert loan.backend is i0 and loan.loan and (inter.lent, off.borrowed) == (1, 1)
-    assert inter.dispatcher.round_prefill == {"http://i0": 100}  # the loan spends the lender's round budget
+    assert inter.dispatcher.round_prefill == {
+        "http://i0": {0: 100}
+    }  # the loan spends the lender's round budget
     assert inter.dispatcher.round_dispatched == {}  # but is not interactive arrival pressure
     sixth = await _spawn(off, _offline())  # i0 at 1/4 < 0.5
     seventh = await _spawn(off, _offline())  # i0 at 2/4: not below 0.5

@@ -19,10 +19,10 @@ def test_carry_spends_the_following_rounds_until_paid_off() -> None:
     d.open_round(0.0, budgets=METERED)
     d.commit(ticket(prompt=3500), b)  # alone into the empty round
     d.open_round(0.1, budgets=METERED)
-    assert d.round_prefill == {b.url: 2500}
+    assert d.round_prefill == {b.url: {0: 2500}}
     assert d.shared_budget_miss(ticket(prompt=1), b, METERED, limit=8) == "round_prefill"
     d.open_round(0.3, budgets=METERED)  # two more rounds paid 2000 of it
-    assert d.round_prefill == {b.url: 500}
+    assert d.round_prefill == {b.url: {0: 500}}
     assert d.shared_budget_miss(ticket(prompt=500), b, METERED, limit=8) is None
     assert d.shared_budget_miss(ticket(prompt=501), b, METERED, limit=8) == "round_prefill"
     d.open_round(0.4, budgets=METERED)

@@ -87,7 +87,7 @@ async def test_window_groups_prefills_under_load_and_releases_light_load_at_once
     s.pump()
     await _settle()
     assert d.done() and e.done()
-    assert s.dispatcher.round_prefill == {"http://b0": 512} and s.dispatcher.round_grouped
+    assert s.dispatcher.round_prefill == {"http://b0": {0: 512}} and s.dispatcher.round_grouped
     clock.now = 1000.25  # inside a grouped round: a new arrival waits for the next round
     g = await _spawn(s, ticket(prompt=128))
     assert not g.done() and s._next_wake == 1000.296875

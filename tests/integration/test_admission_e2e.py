@@ -311,12 +311,13 @@ async def test_effective_priority_reaches_the_engine_only_where_the_pool_asks(st
         tenants,
     )
     await wait_ready(gw)
-    sends = [  # (key, x-priority header, class) → priority the interactive engine must see
-        ("sk-vip", None, 7),
-        ("sk-vip", "10", 10),
-        ("sk-vip", "3", 3),
-        ("sk-plain", None, 1),
-        ("sk-plain", "10", 5),  # capped at the tenant's max_priority
+    sends = [  # (key, x-priority header, engine priority): 2 × the effective priority, as each request
+        # is alone when dispatched (no other tenant to be under the share of)
+        ("sk-vip", None, 14),
+        ("sk-vip", "10", 20),
+        ("sk-vip", "3", 6),
+        ("sk-plain", None, 2),
+        ("sk-plain", "10", 10),  # capped at the tenant's max_priority 5
     ]
     async with httpx.AsyncClient(timeout=30) as client:
         for traffic_class in ("interactive", "offline"):
