@@ -1,0 +1,150 @@
+"""Tenant standing (Dispatcher.under_share), engine priorities and prefill metered per engine priority —
+exact, on fake clocks."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from gateway.admission.dispatch import Dispatcher
+from gateway.admission.fairness import RecentService, VirtualTokenCounters
+from gateway.admission.queue import SLOQueue
+from gateway.admission.scheduler import PoolScheduler
+from gateway.admission.settings import PoolBudgets
+from gateway.admission.slots import SlotRule
+from gateway.ticket import Usage
+from tests.admission.helpers import FakeClock, backends, entry, policy, ticket
+
+METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_fraction=1.0)
+TWO = {5: {"light": 1.0, "heavy": 1.0}}  # both tenants waiting or running at band 5, equal weights
+
+
+async def _settle() -> None:
+    """Let woken acquire() calls resume."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+def _dispatcher(*, slots: int = 8, present: dict[int, dict[str, float]] | None = None) -> Dispatcher:
+    d = Dispatcher()
+    d.engine_priorities = True
+    d.pool_slots = slots
+    d.rule = SlotRule(tenant_fraction=0.1, present=TWO if present is None else present)
+    return d
+
+
+def test_recent_service_decays_and_dates_corrections_at_the_dispatch() -> None:
+    r = RecentService()
+    r.charge("a", 1000.0, now=0.0, window_s=10.0)
+    assert r.value("a", 10.0, 10.0) == pytest.approx(1000 / math.e)
+    # at 10 s the request ends having cost 500 more than estimated: dated at its dispatch, it decays as
+    # the estimate did (an undated correction would add the whole 500 now)
+    r.charge("a", 500.0, now=10.0, window_s=10.0, at=0.0)
+    assert r.value("a", 10.0, 10.0) == pytest.approx(1500 / math.e)
+    r.forget(100.0, 10.0)  # 1500 · e^-10 ≈ 0.07: kept
+    assert r.value("a", 100.0, 10.0) == pytest.approx(1500 * math.exp(-10))
+    r.forget(400.0, 10.0)  # e^-40 of it is below the floor: forgotten, and reads as nothing
+    assert r._service == {} and r.value("a", 400.0, 10.0) == 0.0
+
+
+def test_under_share_compares_with_the_weighted_average_of_the_present_tenants() -> None:
+    r = RecentService()
+    r.charge("light", 100.0, now=0.0, window_s=60.0)
+    r.charge("heavy", 300.0, now=0.0, window_s=60.0)
+    equal = {"light": 1.0, "heavy": 1.0}
+    assert r.under_share("light", equal, 0.0, 60.0) and not r.under_share("heavy", equal, 0.0, 60.0)
+    # heavy weighs 3: its 300 is normalised service it is entitled to — both stand equal, nobody is under
+    r2 = RecentService()
+    r2.charge("light", 100.0, now=0.0, window_s=60.0)
+    r2.charge("heavy", 100.0, now=0.0, window_s=60.0)  # charges arrive already divided by the weight
+    assert not r2.under_share("light", equal, 0.0, 60.0) and not r2.under_share("heavy", equal, 0.0, 60.0)
+    assert not r.under_share("light", {"light": 1.0}, 0.0, 60.0)  # alone: nobody to be under
+
+
+def test_under_share_needs_fewer_slots_and_less_recent_service_than_the_share() -> None:
+    d = _dispatcher(slots=8)  # each tenant's share: 4 slots
+    b = backends(1)[0]
+    d.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    d.recent.charge("light", 1000.0, now=0.0, window_s=60.0)
+    assert d.under_share(5, "light") and not d.under_share(5, "heavy")
+    for _ in range(4):
+        d.holdings.add(b.url, ticket(tenant="light"))
+    assert not d.under_share(5, "light")  # at its slot share, however little it was served
+    d.holdings.remove(b.url, ticket(tenant="light"))
+    assert d.under_share(5, "light")
+    d.rule = SlotRule(tenant_fraction=0.0, present=TWO)
+    assert not d.under_share(5, "light")  # no tenant headroom configured: no standing either
+
+
+def test_engine_priority_is_twice_the_band_plus_one_under_share_and_zero_when_engines_ignore_it() -> None:
+    d = _dispatcher()
+    d.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    assert d.engine_priority(ticket(tenant="light", priority=5)) == 11
+    assert d.engine_priority(ticket(tenant="heavy", priority=5)) == 10
+    assert d.engine_priority(ticket(tenant="heavy", priority=0)) == 0
+    d.engine_priorities = False
+    assert d.engine_priority(ticket(tenant="light", priority=5)) == 0
+
+
+def test_prefill_is_metered_per_engine_priority_and_carried_from_the_top_down() -> None:
+    d = _dispatcher()
+    b = backends(1)[0]
+    d.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    d.open_round(0.0, budgets=METERED)
+    assert d.commit(ticket(tenant="heavy", prompt=2500), b) == 10  # alone into the empty round
+    # the heavy tenant's 2500 tokens run after a light request in the engine: they do not meter it
+    assert d.shared_budget_miss(ticket(tenant="heavy", prompt=1), b, METERED, limit=8) == "round_prefill"
+    assert d.shared_budget_miss(ticket(tenant="light", prompt=1000), b, METERED, limit=8) is None
+    assert d.commit(ticket(tenant="light", prompt=600), b) == 11
+    assert d.shared_budget_miss(ticket(tenant="light", prompt=401), b, METERED, limit=8) == "round_prefill"
+    assert d.released(b.url) == 3100 and d.released(b.url, 11) == 600
+    d.open_round(0.1, budgets=METERED)  # one round paid 1000: the 600 at 11 first, then 400 of the 2500
+    assert d.round_prefill == {b.url: {10: 2100}}
+    d.open_round(0.3, budgets=METERED)
+    assert d.round_prefill == {b.url: {10: 100}}
+
+
+def test_queue_serves_a_tenant_under_its_share_before_a_lower_counter() -> None:
+    counters = VirtualTokenCounters()
+    under = {"light"}
+    q = SLOQueue(counters, standing=lambda band, tenant: tenant in under)
+    heavy = [entry(ticket(tenant="heavy", prompt=100)) for _ in range(3)]
+    light = entry(ticket(tenant="light", prompt=50))
+    for e in heavy:
+        q.push(e)
+    counters.charge("light", 10_000)  # light's counter is far above heavy's
+    q.push(light)
+    assert [e.tenant for e in q.ordered()] == ["light", "heavy", "heavy", "heavy"]
+    assert q.prefill_ahead(light) == 0 and q.prefill_ahead(heavy[0]) == 50
+    under.clear()  # at its share again: VTC decides, and light's counter is the higher
+    assert [e.tenant for e in q.ordered()] == ["heavy", "heavy", "heavy", "light"]
+    assert q.prefill_ahead(light) == 300
+
+
+async def test_a_light_tenant_overtakes_a_heavy_backlog_and_gets_the_higher_engine_priority() -> None:
+    clock = FakeClock()
+    pol = policy(
+        window={"enabled": False},
+        budgets={"prefill_tokens_per_round": 10**6},
+        controller={"algorithm": "fixed", "initial": 4, "min": 4, "max": 4},
+        queue={"classes": {"interactive": {"shed_by_deadline": False}}},
+    )
+    s = PoolScheduler("interactive", backends(1), lambda: pol, clock=clock, engine_priorities=True)
+    heavy = [asyncio.create_task(s.acquire(ticket(tenant="heavy", prompt=100, output=100))) for _ in range(8)]
+    await _settle()
+    running = [t.result() for t in heavy if t.done()]
+    # limit 4 less the top band's reserve (⌈0.15 · 4⌉ = 1): 3 run; alone, heavy is under nobody's share
+    assert [lease.engine_priority for lease in running] == [10, 10, 10]
+    clock.advance(1.0)
+    light = asyncio.create_task(s.acquire(ticket(tenant="light", prompt=100, output=100)))
+    await _settle()
+    assert not light.done()  # the band's 3 slots are taken
+    running[0].release(Usage(100, 100), "ok")
+    await _settle()
+    assert light.done() and light.result().engine_priority == 11  # ahead of heavy's 5 waiting
+    assert sum(not t.done() for t in heavy) == 5
+    for t in heavy:
+        t.cancel()
+    await _settle()
