@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from gateway.admission.fairness import RecentService
 from gateway.admission.queue import Entry
 from gateway.admission.settings import PoolBudgets
-from gateway.admission.slots import Holdings, SlotRule, SlotTurnover, slot_miss, slots_short
+from gateway.admission.slots import Holdings, SlotRule, SlotTurnover, slot_margin, slot_miss
 from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
 
@@ -234,22 +234,31 @@ class Dispatcher:
         limits: Mapping[str, int],
         now: float,
         max_age_s: float,
+        ahead: int = 0,
     ) -> float | None:
         """Seconds until a backend could take `entry` by every budget but the round's prefill budget
-        (which frees itself within `round_s`): 0.0 when one could now; else the soonest wait for the
-        releases its slot rules need, at each backend's recent turnover (`SlotTurnover`); None when no
-        backend can be predicted (KV full, no recent releases, own constraints). What the guard asks
-        before refusing a request by prediction."""
-        best: float | None = None
+        (which frees itself within `round_s`), with `ahead` requests to be placed before it: 0.0 when the
+        slots its rules leave free (over the backends it may use) cover them and it; else the releases
+        still lacking at the pool's recent turnover (`SlotTurnover`: the backends' release rates add up);
+        None when nothing can be predicted (KV full, no recent releases, own constraints). What the guard
+        asks before refusing a request by prediction: past the head, slots — not prefill — are what a
+        tenant held to its share, or any request when decodes fill every slot, waits for."""
+        margins: list[int] = []
+        rate = 0.0
         for b in _own_backends(entry, [b for b in backends if b.available], budgets):
             if _kv_miss(entry.ticket, b, budgets) is not None:
                 continue
-            short = slots_short(entry.ticket, b, limits[b.url], self.rule, self.holdings)
+            margins.append(slot_margin(entry.ticket, b, limits[b.url], self.rule, self.holdings))
             turnover = self.turnover.get(b.url)
-            wait = 0.0 if short == 0 else None if turnover is None else turnover.wait(short, now, max_age_s)
-            if wait is not None and (best is None or wait < best):
-                best = wait
-        return best
+            gap = None if turnover is None else turnover.gap(now, max_age_s)
+            rate += 1 / gap if gap else 0.0
+        if not margins:
+            return None
+        free = sum(m for m in margins if m > 0)
+        if ahead < free:
+            return 0.0
+        lacking = ahead + 1 - free if free else ahead + min(1 - m for m in margins)
+        return lacking / rate if rate > 0 else None
 
     def commit(self, ticket: Ticket, backend: BackendState, *, loan: bool = False) -> int:
         """Account a dispatch on the backend (`release` undoes exactly that) and in the round; returns its

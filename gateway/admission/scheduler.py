@@ -274,12 +274,12 @@ class PoolScheduler:
     def _round_tokens(self, budgets: PoolBudgets) -> int:
         return budgets.prefill_tokens_per_round * max(1, self._available())
 
-    def _slot_wait(self, entry: Entry, now: float) -> float | None:
+    def _slot_wait(self, entry: Entry, now: float, ahead: int = 0) -> float | None:
         """When could a backend take `entry` (round prefill budget aside)? See QueueGuard."""
         policy = self.policy_getter()
         budgets, limits = self.decision(policy, (entry.band, entry.tenant))
         max_age = policy.queue.prefill_rate_max_age_s
-        return self.dispatcher.slot_wait(entry, self.backends, budgets, limits, now, max_age)
+        return self.dispatcher.slot_wait(entry, self.backends, budgets, limits, now, max_age, ahead)
 
     def _slot_rule(self, policy: Policy, candidate: tuple[int, str] | None) -> SlotRule:
         top = policy.queue.priorities.top

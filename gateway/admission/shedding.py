@@ -6,7 +6,9 @@ rate. A request of a class that sheds by deadline is refused (429 `slo_unattaina
 predicted first token falls after its deadline: at enqueue, and again on every sweep while it waits —
 unless nothing is queued ahead of it (the head) and either a backend has room, when it starts now whatever
 the prediction, or it waits only for a slot that the backends' recent turnover frees in time for its own
-prefill at the engine's nominal rate.
+prefill at the engine's nominal rate. Past the head the slots are predicted too: the requests ahead take
+the free slots first, and the ones lacking free at the pool's recent turnover — when decodes hold every
+slot (or a tenant is held to its share), that, not prefill, is the wait.
 Depth is capped per class; when full, a more urgent arrival displaces the newest request of the lowest
 band below it (503 `displaced`), else it is refused (503 `queue_full`). Every class is bounded by its
 max wait (503 `queue_timeout`). Every refusal is counted by (reason, class).
@@ -105,7 +107,7 @@ class QueueGuard:
         queue: SLOQueue,
         rate: PrefillRate,
         pool: str,
-        slot_wait: Callable[[Entry, float], float | None] | None = None,
+        slot_wait: Callable[[Entry, float, int], float | None] | None = None,
     ) -> None:
         self.queue = queue
         self.rate = rate
@@ -125,7 +127,7 @@ class QueueGuard:
         """Queue `entry` or raise its refusal; returns the entry it displaced (already removed), if any."""
         self.queue.stamp(entry)
         entries_ahead, ahead = self.queue.ahead_of(entry)
-        refusal = self._unattainable(entry, now, backends, ahead, head=entries_ahead == 0)
+        refusal = self._unattainable(entry, now, backends, ahead, entries_ahead)
         if refusal is not None:
             raise refusal
         cls = entry.ticket.traffic_class
@@ -165,7 +167,7 @@ class QueueGuard:
         shed_tokens = 0  # every entry shed below was projected ahead of the ones after it
         kept = 0
         for entry, ahead in list(self.queue.projected()):
-            refusal = self._unattainable(entry, now, backends, ahead - shed_tokens, head=kept == 0)
+            refusal = self._unattainable(entry, now, backends, ahead - shed_tokens, kept)
             if refusal is None:
                 kept += 1
             else:
@@ -175,14 +177,18 @@ class QueueGuard:
         return out
 
     def _unattainable(
-        self, entry: Entry, now: float, backends: int, ahead: int, head: bool
+        self, entry: Entry, now: float, backends: int, ahead: int, entries_ahead: int
     ) -> ApiError | None:
-        """The refusal of an entry predicted to miss its deadline; None when it may wait. `head`: nothing
-        is queued ahead of it."""
+        """The refusal of an entry predicted to miss its deadline; None when it may wait. `ahead`: prefill
+        tokens, `entries_ahead`: requests, dispatched before it (0: the head)."""
         if not entry.slo.shed_by_deadline:
             return None
+        if entries_ahead == 0 and self._in_time(entry, now, 0):
+            return None
         p = self.predict(entry, now, backends, ahead)
-        if p.first_token <= entry.deadline or (head and self._head_in_time(entry, now)):
+        if p.first_token <= entry.deadline and (
+            entries_ahead == 0 or self._in_time(entry, now, entries_ahead)
+        ):
             return None
         err = ApiError(
             429,
@@ -193,11 +199,13 @@ class QueueGuard:
         )
         return self._refuse("slo_unattainable", entry.ticket.traffic_class, err)
 
-    def _head_in_time(self, entry: Entry, now: float) -> bool:
-        """Will the head get a slot and prefill before its deadline? (room now: yes, whatever the rate)"""
-        wait = None if self.slot_wait is None else self.slot_wait(entry, now)
+    def _in_time(self, entry: Entry, now: float, entries_ahead: int) -> bool:
+        """Will `entry` get a slot after the `entries_ahead` before it, and prefill, before its deadline?
+        Room now: yes, whatever the rate. Unpredictable slots: no for the head (the queue prediction then
+        decides alone), yes past it (only the prefill prediction speaks)."""
+        wait = None if self.slot_wait is None else self.slot_wait(entry, now, entries_ahead)
         if wait is None:
-            return False
+            return entries_ahead > 0
         if wait == 0.0:
             return True
         nominal = max(self.rate.at(now), self.rate.policy.initial_prefill_tokens_per_s)

@@ -110,8 +110,9 @@ def slot_miss(
     return _shortfall(ticket, backend, limit, rule, held)[0]
 
 
-def slots_short(ticket: Ticket, backend: BackendState, limit: int, rule: SlotRule, held: Holdings) -> int:
-    """How many releases on `backend` `ticket` needs before the slot rules let it take a slot (0: now)."""
+def slot_margin(ticket: Ticket, backend: BackendState, limit: int, rule: SlotRule, held: Holdings) -> int:
+    """Slots the rules leave `ticket` on `backend`: free ones if positive; else it needs 1 − margin
+    releases there before it may take one."""
     return _shortfall(ticket, backend, limit, rule, held)[1]
 
 
@@ -131,11 +132,11 @@ def _shortfall(
     ):
         ceiling = max(1, band_ceiling - math.ceil(rule.tenant_fraction * limit))
     if occupied < ceiling:
-        return None, 0
+        return None, ceiling - occupied
     reason = (
         "concurrency" if occupied >= limit else "band_reserve" if occupied >= band_ceiling else "tenant_share"
     )
-    return reason, occupied - ceiling + 1
+    return reason, ceiling - occupied
 
 
 def _decrement(counts: Counter[K], key: K) -> None:
@@ -153,12 +154,9 @@ class SlotTurnover:
     def released(self, now: float) -> None:
         self._times.append(now)
 
-    def wait(self, releases: int, now: float, max_age_s: float) -> float | None:
-        """Seconds until `releases` more slots free, at the recent pace; None without two recent
-        releases (no turnover to predict from)."""
-        if releases <= 0:
-            return 0.0
+    def gap(self, now: float, max_age_s: float) -> float | None:
+        """The mean seconds between recent releases; None without two of them."""
         recent = [t for t in self._times if t > now - max_age_s]
         if len(recent) < 2:
             return None
-        return releases * (recent[-1] - recent[0]) / (len(recent) - 1)
+        return (recent[-1] - recent[0]) / (len(recent) - 1)

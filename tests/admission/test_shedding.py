@@ -171,7 +171,7 @@ def test_the_head_is_never_refused_by_prediction_while_a_backend_has_room() -> N
     room: dict[str, float | None] = {"wait": 0.0}
     rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=1000.0))
     g = QueueGuard(
-        SLOQueue(VirtualTokenCounters()), rate, "interactive", slot_wait=lambda e, now: room["wait"]
+        SLOQueue(VirtualTokenCounters()), rate, "interactive", slot_wait=lambda e, now, ahead: room["wait"]
     )
     head = entry(ticket(priority=10, prompt=750, deadline=1000.5), TIGHT)  # 0.75 s of prefill alone
     g.admit(head, now=1000.0, backends=1)  # would start now: the prediction does not refuse it
@@ -191,7 +191,7 @@ def test_a_head_waiting_for_a_slot_is_kept_while_the_slot_and_its_nominal_prefil
     rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=1000.0, prefill_rate_min_samples=1))
     rate.observe(1000, 4.0, now=1000.0)  # measured 250 tokens/s (queueing): the nominal 1000 is used
     g = QueueGuard(
-        SLOQueue(VirtualTokenCounters()), rate, "interactive", slot_wait=lambda e, now: room["wait"]
+        SLOQueue(VirtualTokenCounters()), rate, "interactive", slot_wait=lambda e, now, ahead: room["wait"]
     )
     head = entry(ticket(priority=10, prompt=500, deadline=1000.75))  # a client deadline tighter than 2 s
     g.queue.push(head)
@@ -203,3 +203,25 @@ def test_a_head_waiting_for_a_slot_is_kept_while_the_slot_and_its_nominal_prefil
         g.admit(late, now=1000.0, backends=1)
     assert refused.value.code == "slo_unattainable"
     assert g.rejections == {("slo_unattainable", "interactive"): 2}
+
+
+def test_past_the_head_the_slots_the_requests_ahead_take_are_predicted_too() -> None:
+    per_release = {"s": 0.5}  # the pool frees a slot every 0.5 s and none is free
+    rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=100_000.0))  # prefill is never the wait
+    asked: list[int] = []
+
+    def slot_wait(e: object, now: float, ahead: int) -> float | None:
+        asked.append(ahead)
+        return None if per_release["s"] is None else (ahead + 1) * per_release["s"]
+
+    g = QueueGuard(SLOQueue(VirtualTokenCounters()), rate, "interactive", slot_wait=slot_wait)
+    first, second = (entry(ticket(prompt=100, deadline=1001.2)) for _ in range(2))
+    for e in (first, second):
+        g.admit(e, now=1000.0, backends=1)  # 0.5 s and 1.0 s for a slot, ~0 for prefill: both in time
+    third = entry(ticket(prompt=100, deadline=1001.2))
+    with pytest.raises(ApiError) as refused:  # two ahead: its slot frees at 1.5 s, past its deadline
+        g.admit(third, now=1000.0, backends=1)
+    assert refused.value.code == "slo_unattainable" and asked == [0, 1, 2]
+    per_release["s"] = None  # no turnover to predict from: past the head only the prefill prediction speaks
+    g.admit(third, now=1000.0, backends=1)
+    assert [e for e in g.queue.ordered()] == [first, second, third]

@@ -10,7 +10,7 @@ from gateway.admission.fairness import VirtualTokenCounters
 from gateway.admission.queue import SLOQueue
 from gateway.admission.scheduler import Lease, PoolScheduler
 from gateway.admission.settings import PoolBudgets
-from gateway.admission.slots import Holdings, SlotRule, SlotTurnover, slot_miss, slots_short
+from gateway.admission.slots import Holdings, SlotRule, SlotTurnover, slot_margin, slot_miss
 from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
 from tests.admission.helpers import FakeClock, backends, entry, policy, ticket
@@ -37,14 +37,14 @@ def test_lower_bands_stop_at_the_reserve_the_top_band_uses_the_whole_limit() -> 
     b, held = backends(1)[0], Holdings()
     _hold(held, b, 53, priority=0)
     low, high = ticket(priority=0), ticket(priority=10)
-    assert slot_miss(low, b, 64, BANDS, held) is None  # 53 < 64 − 10
+    assert slot_miss(low, b, 64, BANDS, held) is None and slot_margin(low, b, 64, BANDS, held) == 1
     _hold(held, b, 1, priority=0)
-    assert slot_miss(low, b, 64, BANDS, held) == "band_reserve" and slots_short(low, b, 64, BANDS, held) == 1
+    assert slot_miss(low, b, 64, BANDS, held) == "band_reserve" and slot_margin(low, b, 64, BANDS, held) == 0
     _hold(held, b, 9, priority=10)
     assert slot_miss(high, b, 64, BANDS, held) is None  # 63 < 64
     _hold(held, b, 1, priority=10)
     assert slot_miss(high, b, 64, BANDS, held) == "concurrency"
-    assert slot_miss(low, b, 64, BANDS, held) == "concurrency" and slots_short(low, b, 64, BANDS, held) == 11
+    assert slot_miss(low, b, 64, BANDS, held) == "concurrency" and slot_margin(low, b, 64, BANDS, held) == -10
 
 
 def test_when_the_limit_steps_below_the_running_set_the_top_band_still_gets_its_headroom() -> None:
@@ -52,7 +52,7 @@ def test_when_the_limit_steps_below_the_running_set_the_top_band_still_gets_its_
     _hold(held, b, 54, priority=0)  # admitted under limit 64; the limit now falls to 51
     high, low = ticket(priority=10), ticket(priority=0)
     # low's ceiling at 51 is 51 − ⌈7.65⌉ = 43: the 11 slots low holds beyond it do not count for the top band
-    assert slot_miss(low, b, 51, BANDS, held) == "concurrency" and slots_short(low, b, 51, BANDS, held) == 12
+    assert slot_miss(low, b, 51, BANDS, held) == "concurrency" and slot_margin(low, b, 51, BANDS, held) == -11
     assert slot_miss(high, b, 51, BANDS, held) is None
     _hold(held, b, 7, priority=10)
     assert slot_miss(high, b, 51, BANDS, held) is None  # 43 + 7 = 50 < 51
@@ -70,7 +70,7 @@ def test_a_tenant_at_its_weighted_share_leaves_headroom_for_the_others() -> None
     assert slot_miss(heavy, b, 10, rule, held) is None  # holds 5 = its share, 8 < ceiling 10 − 1
     _hold(held, b, 1, tenant="light")
     assert (
-        slot_miss(heavy, b, 10, rule, held) == "tenant_share" and slots_short(heavy, b, 10, rule, held) == 1
+        slot_miss(heavy, b, 10, rule, held) == "tenant_share" and slot_margin(heavy, b, 10, rule, held) == 0
     )
     assert slot_miss(light, b, 10, rule, held) is None  # 4 < its share of 5: the last slot is light's
     weighted = SlotRule(tenant_fraction=0.1, present={5: {"heavy": 3.0, "light": 1.0}})  # heavy's: 7.5
@@ -96,29 +96,34 @@ def test_a_tenant_held_back_by_its_share_is_skipped_not_blocking_the_others() ->
     assert d.blocked_by(first, pool, PoolBudgets(), {"http://b0": 10}) == {"http://b0": "tenant_share"}
 
 
-def test_turnover_predicts_the_wait_for_slots_from_recent_releases() -> None:
+def test_turnover_is_the_mean_gap_between_recent_releases() -> None:
     t = SlotTurnover()
-    assert t.wait(0, 10.0, 30.0) == 0.0 and t.wait(1, 10.0, 30.0) is None
+    assert t.gap(10.0, 30.0) is None
     for at in (1.0, 1.5, 2.0, 3.0):
         t.released(at)
-    assert t.wait(3, 3.0, 30.0) == 3 * (2.0 / 3)  # mean gap of the last releases
-    assert t.wait(1, 32.0, 30.0) is None  # releases older than max_age: no turnover to predict from
+    assert t.gap(3.0, 30.0) == 2.0 / 3
+    assert t.gap(32.0, 30.0) is None  # releases older than max_age: no turnover to predict from
 
 
-def test_slot_wait_is_zero_with_room_else_the_soonest_backend_at_its_turnover() -> None:
+def test_slot_wait_is_zero_with_room_for_those_ahead_else_lacking_releases_at_the_pool_rate() -> None:
     pool, d = backends(2), Dispatcher()
     d.rule = BANDS
     limits = {"http://b0": 4, "http://b1": 4}
     for b in pool:
         _hold(d.holdings, b, 3, priority=0)  # each at the low bands' ceiling 4 − 1
     low, high = entry(ticket(priority=0)), entry(ticket(priority=10))
-    assert d.slot_wait(high, pool, PoolBudgets(), limits, 10.0, 30.0) == 0.0
+    assert d.slot_wait(high, pool, PoolBudgets(), limits, 10.0, 30.0) == 0.0  # one free slot per backend
+    assert d.slot_wait(high, pool, PoolBudgets(), limits, 10.0, 30.0, ahead=1) == 0.0
+    assert d.slot_wait(high, pool, PoolBudgets(), limits, 10.0, 30.0, ahead=2) is None  # lacks one: no rate
     assert d.slot_wait(low, pool, PoolBudgets(), limits, 10.0, 30.0) is None  # no releases seen yet
     for at in (8.0, 9.0):
         d.turnover.setdefault("http://b0", SlotTurnover()).released(at)
     for at in (9.0, 9.5):
         d.turnover.setdefault("http://b1", SlotTurnover()).released(at)
-    assert d.slot_wait(low, pool, PoolBudgets(), limits, 10.0, 30.0) == 0.5  # b1: one release, 0.5 s apart
+    # b0 frees a slot per second, b1 two: the pool three per second
+    assert d.slot_wait(low, pool, PoolBudgets(), limits, 10.0, 30.0) == 1 / 3
+    assert d.slot_wait(low, pool, PoolBudgets(), limits, 10.0, 30.0, ahead=5) == 2.0
+    assert d.slot_wait(high, pool, PoolBudgets(), limits, 10.0, 30.0, ahead=3) == 2 / 3  # 2 free, 2 lacking
     pool[1].max_total_tokens, pool[1].used_tokens = 100, 100  # b1's KV is full: only b0 predicts
     assert d.slot_wait(low, pool, PoolBudgets(), limits, 10.0, 30.0) == 1.0
 
@@ -131,7 +136,9 @@ def test_dispatcher_release_undoes_commit_and_times_the_slot() -> None:
     assert d.holdings.tenants() == {(0, "a")}
     d.release(t, b, 5.0)
     assert (b.active, d.holdings.below(b.url, math.inf), d.holdings.tenants()) == (0, 0, set())
-    assert d.turnover[b.url].wait(0, 5.0, 30.0) == 0.0
+    d.commit(t, b)
+    d.release(t, b, 7.0)
+    assert d.turnover[b.url].gap(7.0, 30.0) == 2.0
 
 
 async def _spawn(s: PoolScheduler, t: Ticket) -> asyncio.Task[Lease]:
