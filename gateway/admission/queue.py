@@ -1,20 +1,28 @@
 """The queue discipline of one pool: strict priority bands → fair sharing between tenants → EDF.
 
 `SLOQueue.ordered()` yields waiting entries in the order the dispatcher should try them: bands from the
-most urgent (largest priority) down; inside a band, tenants under their fair share of the pool's slots
-first (`standing`, Dispatcher.under_share), then by their virtual counter (lowest first, ties by name);
-inside a tenant, earliest deadline first (ties by arrival order). Standing comes first because VTC alone
-lets a light tenant queue behind a heavy one: lifted to the heavy tenant's counter on every arrival and
-then charged, it is often just above it, and the heavy tenant's backlog goes first. `projected()` replays that
-order dispatch by dispatch (VTC re-sorts tenants after every charge) to tell how many prefill tokens go
-before each entry. The queue only holds and orders; admission checks live in shedding.py, budgets in
-dispatch.py.
+most urgent (largest priority) down; inside a band, tenants under their fair share first (`standing`,
+Dispatcher.under_share), then by their virtual counter (lowest first, ties by name); inside a tenant,
+earliest deadline first (ties by arrival order) — except while that tenant is congested at the band
+(`lifo_after_fraction`: its most urgent request has waited more than that share of its deadline budget),
+when its requests go newest first (adaptive LIFO).
+
+Standing comes first because VTC alone lets a light tenant queue behind a heavy one: lifted to the heavy
+tenant's counter on every arrival and then charged, it is often just above it, and the heavy tenant's
+backlog goes first. LIFO under congestion because EDF under overload serves every request at the edge of
+its deadline, where any misprediction makes it late; newest first serves most with slack to spare and
+lets the deadline sweep shed the oldest, which would have been late anyway.
+
+`projected()` replays that order dispatch by dispatch (VTC re-sorts tenants after every charge) to tell
+how many prefill tokens go before each entry. The queue only holds and orders; admission checks live in
+shedding.py, budgets in dispatch.py.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -67,6 +75,8 @@ class SLOQueue:
     ) -> None:
         self.counters = counters
         self.standing = standing or (lambda band, tenant: False)  # (band, tenant) → under its share
+        self.now = -math.inf  # set by the scheduler before each decision: the congestion check's clock
+        self.lifo_after_fraction: float | None = None
         self._bands: dict[int, dict[str, list[Entry]]] = {}
         self._band_tokens: dict[int, int] = {}
         self._tenant_depth: dict[str, int] = {}
@@ -124,7 +134,22 @@ class SLOQueue:
         for band in sorted(self._bands, reverse=True):
             tenants = self._bands[band]
             for tenant in sorted(tenants, key=lambda t: self._tenant_key(band, t, self.counters.counter(t))):
-                yield from tenants[tenant]
+                yield from self._service_order(tenants[tenant])
+
+    def _service_order(self, entries: list[Entry]) -> list[Entry]:
+        """One tenant's entries at one band (kept in EDF order) in the order they are served."""
+        return entries[::-1] if self.congested(entries) else entries
+
+    def congested(self, entries: list[Entry]) -> bool:
+        """Has the most urgent of these (EDF-ordered) entries waited past the LIFO threshold?"""
+        fraction = self.lifo_after_fraction
+        if fraction is None or len(entries) < 2:
+            return False
+        first = entries[0]
+        budget = first.slo.deadline_budget_s
+        if budget is None or not first.slo.shed_by_deadline:
+            return False
+        return self.now - first.enqueued_at > fraction * budget
 
     def _tenant_key(self, band: int, tenant: str, counter: float) -> tuple[bool, float, str]:
         return (not self.standing(band, tenant), counter, tenant)
@@ -177,7 +202,7 @@ class SLOQueue:
             tenants[candidate.tenant] = own
         ahead = 0
         for band in sorted(bands, reverse=True):
-            tenants = bands[band]
+            tenants = {t: self._service_order(lst) for t, lst in bands[band].items()}
             heap = [(self._tenant_key(band, t, counters[t]), 0) for t in tenants]
             heapq.heapify(heap)
             while heap:

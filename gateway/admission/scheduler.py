@@ -244,8 +244,9 @@ class PoolScheduler:
         self.dispatcher.rule = self._slot_rule(policy, candidate)
         limits = {url: lim.limit for url, lim in self.limits.items()}
         self.dispatcher.pool_slots = sum(limits[b.url] for b in self.backends if b.available)
-        self.dispatcher.now = self.clock()
+        self.dispatcher.now = self.queue.now = self.clock()
         self.dispatcher.share_window_s = policy.fairness.share_window_s
+        self.queue.lifo_after_fraction = policy.queue.lifo_after_fraction
         return self.metered_budgets(policy, self.clock()), limits
 
     def metered_budgets(self, policy: Policy, now: float) -> PoolBudgets:

@@ -101,6 +101,15 @@ class QueuePolicy(_Strict):
     recheck_interval_s: float = Field(
         default=0.1, gt=0, description="How often waiting requests are re-checked."
     )
+    lifo_after_fraction: float | None = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="Adaptive LIFO: while a tenant's most urgent waiting request (of a class that sheds by "
+        "deadline) has waited more than this share of its deadline budget, that tenant's band serves its "
+        "newest requests first — under overload they still have slack, the oldest would start at the edge "
+        "of their deadline and are shed instead. null: always earliest deadline first.",
+    )
 
 
 class LendPolicy(_Strict):
