@@ -4,14 +4,16 @@
 most urgent (largest priority) down; inside a band, tenants under their fair share first (`standing`,
 Dispatcher.under_share), then by their virtual counter (lowest first, ties by name); inside a tenant,
 earliest deadline first (ties by arrival order) — except while that tenant is congested at the band
-(`lifo_after_fraction`: its most urgent request has waited more than that share of its deadline budget),
-when its requests go newest first (adaptive LIFO).
+(`lifo_after_fraction`: it has had requests waiting there without a break for longer than that share of
+its most urgent request's deadline budget), when its requests go newest first (adaptive LIFO).
 
 Standing comes first because VTC alone lets a light tenant queue behind a heavy one: lifted to the heavy
 tenant's counter on every arrival and then charged, it is often just above it, and the heavy tenant's
 backlog goes first. LIFO under congestion because EDF under overload serves every request at the edge of
 its deadline, where any misprediction makes it late; newest first serves most with slack to spare and
-lets the deadline sweep shed the oldest, which would have been late anyway.
+lets the deadline sweep shed the oldest, which would have been late anyway. "Without a break" (as
+CoDel judges a standing queue) so that a burst which drains — a light tenant's three prompts arriving
+together — keeps EDF: there the oldest is not late, and serving it last would make it so.
 
 `projected()` replays that order dispatch by dispatch (VTC re-sorts tenants after every charge) to tell
 how many prefill tokens go before each entry. The queue only holds and orders; admission checks live in
@@ -77,6 +79,7 @@ class SLOQueue:
         self.standing = standing or (lambda band, tenant: False)  # (band, tenant) → under its share
         self.now = -math.inf  # set by the scheduler before each decision: the congestion check's clock
         self.lifo_after_fraction: float | None = None
+        self._backlogged_since: dict[tuple[int, str], float] = {}  # (band, tenant) → queue non-empty since
         self._bands: dict[int, dict[str, list[Entry]]] = {}
         self._band_tokens: dict[int, int] = {}
         self._tenant_depth: dict[str, int] = {}
@@ -99,6 +102,7 @@ class SLOQueue:
             self.counters.on_backlogged(entry.tenant, self._tenant_depth)
         self.stamp(entry)
         tenants = self._bands.setdefault(entry.band, {})
+        self._backlogged_since.setdefault((entry.band, entry.tenant), entry.enqueued_at)
         bisect.insort(tenants.setdefault(entry.tenant, []), entry, key=lambda e: e.order_key)
         self._band_tokens[entry.band] = self._band_tokens.get(entry.band, 0) + entry.prompt_tokens
         self._tenant_depth[entry.tenant] = self._tenant_depth.get(entry.tenant, 0) + 1
@@ -119,6 +123,7 @@ class SLOQueue:
         del lst[i]
         if not lst:
             del tenants[entry.tenant]
+            del self._backlogged_since[(entry.band, entry.tenant)]
             if not tenants:
                 del self._bands[entry.band]
         self._band_tokens[entry.band] -= entry.prompt_tokens
@@ -141,7 +146,8 @@ class SLOQueue:
         return entries[::-1] if self.congested(entries) else entries
 
     def congested(self, entries: list[Entry]) -> bool:
-        """Has the most urgent of these (EDF-ordered) entries waited past the LIFO threshold?"""
+        """Have these entries (one tenant's at one band, EDF-ordered) had company waiting without a break
+        for longer than the LIFO threshold of the most urgent one's deadline budget?"""
         fraction = self.lifo_after_fraction
         if fraction is None or len(entries) < 2:
             return False
@@ -149,7 +155,8 @@ class SLOQueue:
         budget = first.slo.deadline_budget_s
         if budget is None or not first.slo.shed_by_deadline:
             return False
-        return self.now - first.enqueued_at > fraction * budget
+        since = self._backlogged_since.get((first.band, first.tenant), self.now)
+        return self.now - since > fraction * budget
 
     def _tenant_key(self, band: int, tenant: str, counter: float) -> tuple[bool, float, str]:
         return (not self.standing(band, tenant), counter, tenant)

@@ -102,13 +102,12 @@ class QueuePolicy(_Strict):
         default=0.1, gt=0, description="How often waiting requests are re-checked."
     )
     lifo_after_fraction: float | None = Field(
-        default=0.25,
+        default=1.0,
         gt=0,
-        le=1,
-        description="Adaptive LIFO: while a tenant's most urgent waiting request (of a class that sheds by "
-        "deadline) has waited more than this share of its deadline budget, that tenant's band serves its "
-        "newest requests first — under overload they still have slack, the oldest would start at the edge "
-        "of their deadline and are shed instead. null: always earliest deadline first.",
+        description="Adaptive LIFO: while a tenant has had requests (of a class that sheds by deadline) "
+        "waiting at a band without a break for longer than this share of the most urgent one's deadline "
+        "budget, it is served newest first there — under overload they still have slack, the oldest would "
+        "start at the edge of their deadline and are shed instead. null: always earliest deadline first.",
     )
 
 

@@ -122,24 +122,30 @@ def test_displacement_victim_is_newest_of_lowest_band_same_class() -> None:
     assert q.class_depth("interactive") == 3
 
 
-def test_adaptive_lifo_serves_a_congested_tenant_newest_first_and_only_while_congested() -> None:
+def test_adaptive_lifo_serves_a_tenant_backlogged_without_a_break_newest_first() -> None:
     q = _queue()
-    q.lifo_after_fraction = 0.25  # of the 2 s TTFT budget: congested after 0.5 s of waiting
+    q.lifo_after_fraction = 0.25  # of the 2 s TTFT budget: a standing queue after 0.5 s
     olds = [entry(ticket(tenant="a", arrival=1000.0 + i / 10)) for i in range(3)]
     other = entry(ticket(tenant="b", arrival=1000.0))
     for e in (*olds, other):
         q.push(e)
-    q.now = 1000.5  # the most urgent has waited exactly 0.5 s: not past the threshold
+    q.now = 1000.5  # a's queue has stood exactly 0.5 s: not past the threshold
     assert [e for e in q.ordered()] == [*olds, other]
     q.now = 1000.6
     assert [e for e in q.ordered()] == [*olds[::-1], other]  # b has one request: no order to change
     # the projection replays VTC: a's newest, then b (its counter now lower), then a's older two
     assert q.prefill_ahead(olds[2]) == 0 and q.prefill_ahead(other) == 100 and q.prefill_ahead(olds[0]) == 300
-    q.remove(olds[0])  # the oldest went (shed): the next has waited 0.5 s only
-    assert [e for e in q.ordered()] == [olds[1], olds[2], other]
+    q.remove(olds[0])  # the oldest went: a's queue still has not emptied since 1000.0
+    assert [e for e in q.ordered()] == [olds[2], olds[1], other]
+    for e in (olds[1], olds[2]):
+        q.remove(e)  # a's queue drains: the clock of its standing queue restarts
+    late = [entry(ticket(tenant="a", arrival=1000.6 + i / 10)) for i in range(2)]
+    for e in late:
+        q.push(e)
+    assert [e for e in q.ordered()] == [*late, other]
     q.lifo_after_fraction = None
     q.now = 1010.0
-    assert [e for e in q.ordered()] == [olds[1], olds[2], other]
+    assert [e for e in q.ordered()] == [*late, other]
 
 
 def test_adaptive_lifo_leaves_classes_that_do_not_shed_by_deadline_in_edf_order() -> None:
