@@ -80,6 +80,8 @@ def scaled_policy(base: Policy, k: float, controller: dict[str, Any]) -> dict[st
     q["classes"]["interactive"].update(ttft_p99_s=TTFT_SLO_S / k, tpot_p99_s=TPOT_SLO_S / k)
     q["initial_prefill_tokens_per_s"] *= k
     q["recheck_interval_s"] /= k
+    if q["priorities"]["reserve_hold_s"] is not None:
+        q["priorities"]["reserve_hold_s"] /= k
     b["round_s"] /= k
     w["max_window_s"] /= k
     for acc in w["accumulate"].values():

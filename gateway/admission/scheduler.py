@@ -68,6 +68,7 @@ class PoolScheduler:
         self._next_sweep = -math.inf
         self._wake = anyio.Event()
         self._lender: PoolScheduler | None = None
+        self._top_seen = -math.inf  # when a top-band request last arrived (the band reserve's hold)
         self.lent = 0  # this pool's backends running another pool's requests
         self.borrowed = 0  # this pool's requests running on a lender's backends
         self._sync_limits(policy)
@@ -99,6 +100,9 @@ class PoolScheduler:
                 503, f"No backend of pool {self.pool} left to try.", code="no_backend", retry_after=1.0
             )
         now = self.clock()
+        top = policy.queue.priorities.top
+        if top is not None and ticket.priority >= top:
+            self._top_seen = now
         weight = self._weight(policy, ticket.tenant)
         fair = policy.fairness
         cost = ticket.cost
@@ -292,9 +296,12 @@ class PoolScheduler:
                 seats.add(candidate)
             for band, tenant in seats:
                 present.setdefault(band, {})[tenant] = self._weight(policy, tenant)
+        priorities = policy.queue.priorities
+        hold = priorities.reserve_hold_s
+        held = hold is None or self.clock() - self._top_seen <= hold
         return SlotRule(
             top_band=-math.inf if top is None else top,
-            band_fraction=policy.queue.priorities.reserve_fraction,
+            band_fraction=priorities.reserve_fraction if held else 0.0,
             tenant_fraction=tenant_fraction,
             present=present,
             weight_of=lambda tenant: self._weight(policy, tenant),

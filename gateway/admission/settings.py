@@ -42,6 +42,13 @@ class PriorityPolicy(_Strict):
         description="Share of each backend's concurrency limit that bands below the top level leave free "
         "(rounded up): running generations cannot be preempted, so the top band needs free slots waiting.",
     )
+    reserve_hold_s: float | None = Field(
+        default=300.0,
+        gt=0,
+        description="Keep the band reserve only this long after the pool last saw a top-band request "
+        "(null: always): a pool with no top-band traffic does not idle the reserve; the first top-band "
+        "request after a quiet spell waits for one release, and the reserve is back for the next ones.",
+    )
 
     @property
     def top(self) -> int | None:

@@ -153,7 +153,10 @@ async def test_scheduler_keeps_headroom_for_the_top_band_and_for_a_light_tenant_
     pol = policy(
         controller={"algorithm": "fixed", "initial": 10, "min": 10, "max": 10},
         window={"enabled": False},
-        queue={"classes": {"interactive": {"shed_by_deadline": False}}},
+        queue={
+            "classes": {"interactive": {"shed_by_deadline": False}},
+            "priorities": {"reserve_hold_s": None},  # the reserve is kept before any top-band request
+        },
     )
     s = PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
     b = s.backends[0]
@@ -180,3 +183,40 @@ async def test_scheduler_keeps_headroom_for_the_top_band_and_for_a_light_tenant_
     for t in heavy[2:]:
         t.result().release(None, "ok")
     assert s.dispatcher.holdings.tenants() == set() and b.active == 0
+
+
+async def test_the_band_reserve_is_held_only_for_a_while_after_a_top_band_request() -> None:
+    clock = FakeClock()
+    pol = policy(
+        controller={"algorithm": "fixed", "initial": 10, "min": 10, "max": 10},
+        window={"enabled": False},
+        queue={
+            "classes": {"interactive": {"shed_by_deadline": False}},
+            "priorities": {"reserve_hold_s": 10.0},
+        },
+    )
+    s = PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
+    low = [await _spawn(s, ticket(tenant="a", priority=5, prompt=1)) for _ in range(10)]
+    assert all(t.done() for t in low)  # no top band seen yet: nothing idles for it
+    hi = await _spawn(s, ticket(tenant="b", priority=10, prompt=1))
+    # the reserve is back from this arrival on; the lower band's 2 slots beyond its new ceiling only
+    # drain (step-down relief), so the top band does not wait for them: 11 active for a moment
+    assert hi.done() and s.backends[0].active == 11
+    more = await _spawn(s, ticket(tenant="a", priority=5, prompt=1))
+    for t in low[:2]:
+        t.result().release(None, "ok")
+    await _settle_all()
+    assert not more.done() and s.backends[0].active == 9  # 8 low + 1 top ≥ the low ceiling 10 − ⌈1.5⌉
+    clock.advance(10.5)  # 10 s without a top-band request: the reserve is let go
+    s.pump()
+    await _settle_all()
+    assert more.done()
+    assert s.backends[0].active == 10
+    for t in [*low[2:], hi, more]:
+        t.result().release(None, "ok")
+    assert s.backends[0].active == 0
+
+
+async def _settle_all() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)

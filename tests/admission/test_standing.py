@@ -135,16 +135,16 @@ async def test_a_light_tenant_overtakes_a_heavy_backlog_and_gets_the_higher_engi
     heavy = [asyncio.create_task(s.acquire(ticket(tenant="heavy", prompt=100, output=100))) for _ in range(8)]
     await _settle()
     running = [t.result() for t in heavy if t.done()]
-    # limit 4 less the top band's reserve (⌈0.15 · 4⌉ = 1): 3 run; alone, heavy is under nobody's share
-    assert [lease.engine_priority for lease in running] == [10, 10, 10]
+    # the whole limit (no top-band request seen: no band reserve); alone, heavy is under nobody's share
+    assert [lease.engine_priority for lease in running] == [10, 10, 10, 10]
     clock.advance(1.0)
     light = asyncio.create_task(s.acquire(ticket(tenant="light", prompt=100, output=100)))
     await _settle()
-    assert not light.done()  # the band's 3 slots are taken
+    assert not light.done()  # every slot is taken
     running[0].release(Usage(100, 100), "ok")
     await _settle()
     assert light.done() and light.result().engine_priority == 11  # ahead of heavy's 5 waiting
-    assert sum(not t.done() for t in heavy) == 5
+    assert sum(not t.done() for t in heavy) == 4
     for t in heavy:
         t.cancel()
     await _settle()
