@@ -17,7 +17,8 @@ Scenarios (each a flag-sized run; `--duration` is simulated seconds per run):
   the sawtooth peak, and ≥ 95 % of the best fixed limit's.
 - flood: a low-priority flood at 3× capacity next to a high-priority stream; high TTFT P99 ≤ its SLO.
 - tenants: a light tenant alone, then beside a tenant sending 10× its rate; light TTFT P99 ≤ 1.2× alone
-  (`--tenants-duration`, 240 simulated s: ~320 light requests, so the P99 is not their maximum).
+  (`--tenants-duration`, 240 simulated s: ~320 light requests, so the P99 is not their maximum;
+  `--tenants-seeds 42,7,99` repeats it per seed and judges the median ratio).
 - mixed: interactive (high priority) beside an offline flood in one pool; interactive attainment ≥ 99 %
   while offline uses ≥ 80 % of the capacity interactive leaves (capacity: an offline-only run).
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import tempfile
 import time
@@ -378,32 +380,39 @@ async def flood(house: House, args: argparse.Namespace) -> list[str]:
 
 
 async def tenants(house: House, args: argparse.Namespace) -> list[str]:
+    """Per seed in `--tenants-seeds`: the light tenant alone, then beside the heavy one; the verdict
+    is on the median ratio (one run's P99 swings ±30 % with the timing of a handful of requests)."""
     cap = args.capacity * len(house.sims)
     rate = 0.25 * cap
-
     longer = {"duration": args.tenants_duration}  # P99 over ≥ 300 light requests, not their maximum
-
-    def light() -> Stream:
-        return Stream(
-            "light", workload(args, "light", api_key="sk-light", **{"arrivals.rate": rate, **longer})
-        )
-
-    alone = light()
-    await gateway_run(house, "gw-light", [alone])
-    shared = light()
-    heavy = Stream(
-        "heavy 10×",
-        workload(args, "heavy", api_key="sk-heavy", seed=44, **{"arrivals.rate": 10 * rate, **longer}),
-    )
-    await gateway_run(house, "gw-tenants", [shared, heavy])
     out = ["\n### tenants — a light tenant alone, then beside one sending 10× its rate\n", HEADER]
-    out += [row("alone", alone), row("beside heavy", shared), row("beside heavy", heavy), ""]
-    ratio = ttft_p99(shared) / max(ttft_p99(alone), 1e-9)
+    ratios: list[float] = []
+    for seed in args.tenants_seeds:
+
+        def light(seed: int = seed) -> Stream:
+            over = {"arrivals.rate": rate, **longer}
+            return Stream("light", workload(args, "light", api_key="sk-light", seed=seed, **over))
+
+        alone = light()
+        await gateway_run(house, "gw-light", [alone])
+        shared = light()
+        over = {"arrivals.rate": 10 * rate, **longer}
+        heavy = Stream("heavy 10×", workload(args, "heavy", api_key="sk-heavy", seed=seed + 2, **over))
+        await gateway_run(house, "gw-tenants", [shared, heavy])
+        ratios.append(ttft_p99(shared) / max(ttft_p99(alone), 1e-9))
+        label = f"seed {seed}: "
+        out += [
+            row(label + "alone", alone),
+            row(label + "beside heavy", shared),
+            row(label + "beside", heavy),
+        ]
+    ratio = statistics.median(ratios)
+    out.append("")
     out.append(
         verdict(
-            "light TTFT P99 ≤ 1.2× its value alone",
+            "light TTFT P99 ≤ 1.2× its value alone (median over seeds)",
             ratio <= 1.2,
-            f"{ttft_p99(shared):.0f} vs {ttft_p99(alone):.0f} ms = {ratio:.2f}×",
+            f"{ratio:.2f}× (per seed: {', '.join(f'{r:.2f}' for r in ratios)})",
         )
     )
     return out
@@ -508,6 +517,12 @@ def main() -> None:
         type=float,
         default=240.0,
         help="simulated seconds of the tenants scenario's runs (its P99 needs a few hundred requests)",
+    )
+    ap.add_argument(
+        "--tenants-seeds",
+        type=_list(int),
+        default=[42],
+        help="workload seeds of the tenants scenario (the heavy tenant uses seed + 2); verdict on the median",
     )
     ap.add_argument(
         "--drain", type=float, default=20.0, help="simulated seconds to finish after the last send"
