@@ -7,6 +7,7 @@ import time
 import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.sse import error_event
 from tests.gateway.conftest import ADMIN, dead_url
@@ -92,13 +93,22 @@ def test_retry_before_first_byte_on_5xx(start_backend, start_gateway):
     bad, good = _first_choice_and_other(start_backend)
     bad.behaviour.fail_status = 500
     gw = start_gateway([bad.url, good.url])
+    before = _retries(gw.url)  # the registry is per process: earlier tests' gateways may have retried
     resp = _post(gw.url, {**CHAT, "stream": True}, rid="retry-1")
     assert resp.status_code == 200
     assert resp.content == expected_stream("chatcmpl-retry-1", "test-model", 4, False, 7)
     assert len(bad.record.received) == 1 and len(good.record.received) == 1
     assert resp.headers["x-omnigate-backend"] == "interactive-1"
-    line = 'omnigate_upstream_retries_total{pool="interactive"} 1.0'
-    assert wait_for(lambda: line in httpx.get(f"{gw.url}/metrics").text)
+    assert wait_for(lambda: _retries(gw.url) == before + 1)
+
+
+def _retries(url: str) -> float:
+    """omnigate_upstream_retries_total{pool="interactive"} as /metrics shows it (0 before any retry)."""
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        for sample in family.samples:
+            if sample.name == "omnigate_upstream_retries_total" and sample.labels == {"pool": "interactive"}:
+                return sample.value
+    return 0.0
 
 
 def test_retry_on_refused_connection(start_backend, start_gateway, stack):
