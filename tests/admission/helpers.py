@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from gateway.admission.fairness import token_charge
+from gateway.admission.lease import Lease
 from gateway.admission.queue import Entry, effective_deadline
+from gateway.admission.scheduler import PoolScheduler
 from gateway.backends.state import BackendState
 from gateway.policy import Policy
 from gateway.ticket import Cost, Ticket
@@ -69,3 +72,16 @@ def entry(t: Ticket, pol: Policy | None = None, *, weight: float = 1.0, now: flo
 
 def backends(n: int = 1, pool: str = "interactive", **fields: Any) -> list[BackendState]:
     return [BackendState(url=f"http://b{i}", pool=pool, **fields) for i in range(n)]
+
+
+async def settle() -> None:
+    """Let woken acquire() calls resume."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def spawn(s: PoolScheduler, t: Ticket, **kw: Any) -> asyncio.Task[Lease]:
+    """Start `s.acquire(t)` and let it run as far as it can."""
+    task = asyncio.create_task(s.acquire(t, **kw))
+    await settle()
+    return task

@@ -18,18 +18,13 @@ from gateway.backends.state import BackendState
 from gateway.errors import ApiError
 from gateway.policy import Policy
 from gateway.ticket import Ticket, Usage
-from tests.admission.helpers import FakeClock, backends, policy, ticket
+from tests.admission.helpers import FakeClock, backends, policy, settle, ticket
 
 FIXED_1 = {"algorithm": "fixed", "initial": 1, "min": 1, "max": 1}
 
 
 def _sched(pol: Policy, pool: list[BackendState], clock: FakeClock) -> PoolScheduler:
     return PoolScheduler("interactive", pool, lambda: pol, clock=clock)
-
-
-async def _settle() -> None:
-    for _ in range(3):
-        await asyncio.sleep(0)
 
 
 def _t(clock: FakeClock, prompt: int = 100) -> Ticket:
@@ -73,7 +68,7 @@ async def test_prediction_still_refuses_what_must_queue() -> None:
     err = await _refused(s, 25000)  # the slot is taken: it would queue, and cannot make it
     assert (err.status, err.code) == (429, "slo_unattainable")
     small = asyncio.create_task(s.acquire(_t(clock, 100)))
-    await _settle()
+    await settle()
     assert not small.done() and len(s.queue) == 1  # queues: predicted 0.01 s
     alone.release(None, "ok")
     clock.now = 1000.1  # the big prompt spent the round's prefill budget: the next round
@@ -91,13 +86,13 @@ async def test_head_waiting_only_for_the_next_round_is_neither_refused_nor_shed(
     s = _sched(pol, backends(1), clock)
     first = await s.acquire(_t(clock, 25000))  # alone into the empty round
     second = asyncio.create_task(s.acquire(_t(clock, 25000)))
-    await _settle()
+    await settle()
     assert not second.done() and len(s.queue) == 1  # round budget spent; a slot is free: admitted
     err = await _refused(s, 100)  # behind 25000 queued tokens: 2.51 s
     assert err.code == "slo_unattainable"
     clock.now = 1000.0625
     s.pump()  # the sweep re-checks the head: still starts with the next round
-    await _settle()
+    await settle()
     assert not second.done() and len(s.queue) == 1
     clock.now = 1000.125
     s.pump()
@@ -116,7 +111,7 @@ async def test_limit_at_its_minimum_still_serves_an_idle_backend_at_once() -> No
     clock.now = 1000.125
     lease = await s.acquire(_t(clock, 25000))  # idle backend, limit 1: goes, prediction or not
     waiting = asyncio.create_task(s.acquire(_t(clock, 100)))
-    await _settle()
+    await settle()
     assert lease.ticket.dispatched_at == 1000.125 and not waiting.done()
     lease.release(None, "ok")
     clock.now = 1000.25  # next round (the big prompt spent this one's prefill budget)
@@ -130,7 +125,7 @@ async def test_open_circuit_holds_work_half_open_serves_it_and_unknown_kv_never_
     pool = backends(1, circuit="open", max_total_tokens=None)
     s = _sched(policy(), pool, clock)
     waiting = asyncio.create_task(s.acquire(_t(clock, 100)))
-    await _settle()
+    await settle()
     assert not waiting.done()  # no backend available: it waits (bounded by max_wait_s) …
     assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "unavailable"}
     pool[0].circuit = "half_open"  # … until the breaker lets probes through and the monitor pumps
@@ -149,7 +144,7 @@ async def test_work_for_a_pool_without_available_backends_times_out_instead_of_w
     pol = policy(queue={"classes": {"interactive": {"max_wait_s": 1.0}}})
     s = _sched(pol, pool, clock)
     waiting = asyncio.create_task(s.acquire(_t(clock, 100)))
-    await _settle()
+    await settle()
     assert not waiting.done() and s._next_wake == 1000.1  # run() re-checks at every sweep
     clock.now = 1001.0
     s.pump()

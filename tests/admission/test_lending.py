@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gateway.admission.scheduler import Lease, PoolScheduler
+from gateway.admission.scheduler import PoolScheduler
 from gateway.backends.state import BackendState
 from gateway.policy import Policy
 from gateway.ticket import Ticket
-from tests.admission.helpers import FakeClock, policy, ticket
+from tests.admission.helpers import FakeClock, policy, spawn, ticket
 
 
 def _policy(lend: bool) -> Policy:
@@ -21,13 +21,6 @@ def _policy(lend: bool) -> Policy:
         window={"enabled": False},
         budgets={"pools": {"interactive": {"lend": {"enabled": lend, "max_load": 0.5}}}},
     )
-
-
-async def _spawn(s: PoolScheduler, t: Ticket) -> asyncio.Task[Lease]:
-    task = asyncio.create_task(s.acquire(t))
-    for _ in range(3):
-        await asyncio.sleep(0)
-    return task
 
 
 def _offline() -> Ticket:
@@ -45,9 +38,9 @@ async def test_offline_borrows_an_interactive_backend_only_when_allowed_and_neve
     off = PoolScheduler("offline", [o0], lambda: current["p"], clock=clock)
     inter.lend_to(off)
 
-    own = [await _spawn(off, _offline()) for _ in range(4)]
+    own = [await spawn(off, _offline()) for _ in range(4)]
     assert all(t.done() and t.result().backend is o0 for t in own)
-    fifth = await _spawn(off, _offline())
+    fifth = await spawn(off, _offline())
     assert not fifth.done() and i0.active == 0  # lending is off by default
 
     current["p"] = _policy(lend=True)
@@ -59,11 +52,11 @@ async def test_offline_borrows_an_interactive_backend_only_when_allowed_and_neve
         "http://i0": {0: 100}
     }  # the loan spends the lender's round budget
     assert inter.dispatcher.round_dispatched == {}  # but is not interactive arrival pressure
-    sixth = await _spawn(off, _offline())  # i0 at 1/4 < 0.5
-    seventh = await _spawn(off, _offline())  # i0 at 2/4: not below 0.5
+    sixth = await spawn(off, _offline())  # i0 at 1/4 < 0.5
+    seventh = await spawn(off, _offline())  # i0 at 2/4: not below 0.5
     assert sixth.result().backend is i0 and not seventh.done() and i0.active == 2
 
-    chat = [await _spawn(inter, ticket(prompt=100)) for _ in range(3)]
+    chat = [await spawn(inter, ticket(prompt=100)) for _ in range(3)]
     assert [t.done() for t in chat] == [True, True, False]  # loans hold 2 of 4 slots; the 3rd chat waits
     assert off.snapshot()["borrowed_in_flight"] == 2 and inter.snapshot()["lent_in_flight"] == 2
 

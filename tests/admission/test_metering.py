@@ -8,7 +8,7 @@ import asyncio
 from gateway.admission.dispatch import Dispatcher
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import PoolBudgets
-from tests.admission.helpers import FakeClock, backends, policy, ticket
+from tests.admission.helpers import FakeClock, backends, policy, settle, ticket
 
 METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_fraction=1.0)
 
@@ -64,8 +64,7 @@ async def test_big_prompts_go_at_the_metered_pace() -> None:
     s = _sched(1.0, clock)  # 1000 tokens per 0.1 s round
     first = await s.acquire(ticket(arrival=clock.now, prompt=1500))
     second = asyncio.create_task(s.acquire(ticket(arrival=clock.now, prompt=1500)))
-    for _ in range(3):
-        await asyncio.sleep(0)
+    await settle()
     assert first.ticket.dispatched_at == 1000.0 and not second.done()
     clock.now = 1000.1
     s.pump()  # a new round, but 500 tokens of the first prompt are still carried

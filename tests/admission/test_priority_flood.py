@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from gateway.admission.scheduler import Lease, PoolScheduler
 from gateway.errors import ApiError
 from gateway.ticket import Ticket, Usage
-from tests.admission.helpers import FakeClock, backends, policy, ticket
+from tests.admission.helpers import FakeClock, backends, policy, settle, ticket
 
 RATE = 10_000.0  # engine prefill tokens/s per backend
 TPOT = 0.02
@@ -111,8 +111,7 @@ async def test_low_priority_flood_at_3x_capacity_never_refuses_high_priority_wit
                 t = ticket(tenant=tenant, priority=priority, prompt=prompt, output=OUTPUT, arrival=clock.now)
                 tasks.append(asyncio.create_task(client(t)))
         s.pump()
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await settle()
     assert all(task.done() for task in tasks)
 
     assert sent[1] == 60

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any
 
 import pytest
 
@@ -13,7 +12,7 @@ from gateway.backends.state import BackendState
 from gateway.errors import ApiError
 from gateway.policy import Policy
 from gateway.ticket import Ticket, Usage
-from tests.admission.helpers import FakeClock, backends, policy, ticket
+from tests.admission.helpers import FakeClock, backends, policy, settle, spawn, ticket
 
 FIXED_1 = {"algorithm": "fixed", "initial": 1, "min": 1, "max": 1}
 
@@ -22,18 +21,6 @@ def _sched(
     pol: Policy, pool: list[BackendState] | None = None, clock: FakeClock | None = None
 ) -> PoolScheduler:
     return PoolScheduler("interactive", pool or backends(1), lambda: pol, clock=clock or FakeClock())
-
-
-async def _spawn(s: PoolScheduler, t: Ticket, **kw: Any) -> asyncio.Task[Lease]:
-    task = asyncio.create_task(s.acquire(t, **kw))
-    await _settle()
-    return task
-
-
-async def _settle() -> None:
-    """Let woken acquire() calls resume."""
-    for _ in range(3):
-        await asyncio.sleep(0)
 
 
 def _assert_idle(s: PoolScheduler) -> None:
@@ -75,25 +62,25 @@ async def test_window_groups_prefills_under_load_and_releases_light_load_at_once
         budgets={"round_s": 0.125, "prefill_tokens_per_round": 1024},
     )
     s = _sched(pol, clock=clock)
-    light = [await _spawn(s, ticket(prompt=128)) for _ in range(3)]
+    light = [await spawn(s, ticket(prompt=128)) for _ in range(3)]
     assert all(t.done() for t in light)  # idle pool: the first opens a round, the others join it at once
     clock.now = 1000.125  # round over; it released 384 tokens, 256 wait: load 0.625 → window 0.015625
-    d = await _spawn(s, ticket(prompt=256))
+    d = await spawn(s, ticket(prompt=256))
     assert not d.done() and s.snapshot()["window_s"] == 0.015625 and s._next_wake == 1000.140625
     clock.now = 1000.1328125
-    e = await _spawn(s, ticket(prompt=256))  # load (384 + 512) / 1024 = 0.875 → window 0.046875
+    e = await spawn(s, ticket(prompt=256))  # load (384 + 512) / 1024 = 0.875 → window 0.046875
     assert not e.done() and s._next_wake == 1000.171875
     clock.now = 1000.171875  # d enqueued at 1000.125 + 0.046875: the round opens, d and e go together
     s.pump()
-    await _settle()
+    await settle()
     assert d.done() and e.done()
     assert s.dispatcher.round_prefill == {"http://b0": {0: 512}} and s.dispatcher.round_grouped
     clock.now = 1000.25  # inside a grouped round: a new arrival waits for the next round
-    g = await _spawn(s, ticket(prompt=128))
+    g = await spawn(s, ticket(prompt=128))
     assert not g.done() and s._next_wake == 1000.296875
     clock.now = 1000.296875  # load (512 + 128) / 1024: its window (from 1000.25) is over
     s.pump()
-    await _settle()
+    await settle()
     assert g.done() and g.result().ticket.dispatched_at == 1000.296875
     for t in [*light, d, e, g]:
         t.result().release(None, "ok")
@@ -113,7 +100,7 @@ async def test_small_requests_at_a_high_rate_to_a_backend_with_room_are_never_he
             if end <= clock.now:
                 lease.release(Usage(50, 10), "ok", ttft_s=0.001, tpot_s=0.0004)
         running = [(end, lease) for end, lease in running if not lease.released]
-        task = await _spawn(s, ticket(prompt=50, output=10, arrival=clock.now))
+        task = await spawn(s, ticket(prompt=50, output=10, arrival=clock.now))
         assert task.done(), i
         lease = task.result()
         assert lease.ticket.dispatched_at is not None
@@ -132,14 +119,14 @@ async def test_a_burst_of_big_prefills_goes_one_round_budget_per_round() -> None
         controller={"algorithm": "fixed", "initial": 64, "min": 64, "max": 64}, budgets={"round_s": 0.125}
     )
     s = _sched(pol, backends(1), clock)  # default budget: 8192 prefill tokens per round
-    burst = [await _spawn(s, ticket(prompt=3000)) for _ in range(8)]
+    burst = [await spawn(s, ticket(prompt=3000)) for _ in range(8)]
     late = None
     for step in range(1, 97):
         clock.now = 1000.0 + step / 128
         if step == 24:  # 1000.1875, inside the grouped round 1000.125 … 1000.25: waits for a later round
-            late = await _spawn(s, ticket(prompt=3000))
+            late = await spawn(s, ticket(prompt=3000))
         s.pump()
-        await _settle()
+        await settle()
     assert late is not None
     rounds: dict[float, int] = {}
     for t in [*burst, late]:
@@ -163,9 +150,9 @@ async def _loaded_pool(clock: FakeClock) -> tuple[PoolScheduler, list[asyncio.Ta
         budgets={"round_s": 0.125, "prefill_tokens_per_round": 1024},
     )
     s = _sched(pol, clock=clock)
-    lows = [await _spawn(s, ticket(priority=0, prompt=256)) for _ in range(3)]
+    lows = [await spawn(s, ticket(priority=0, prompt=256)) for _ in range(3)]
     clock.now = 1000.125
-    lows.append(await _spawn(s, ticket(priority=0, prompt=256)))
+    lows.append(await spawn(s, ticket(priority=0, prompt=256)))
     assert not lows[-1].done() and s._next_wake == 1000.1875
     return s, lows
 
@@ -175,18 +162,18 @@ async def test_higher_band_joins_a_grouped_round_at_once_same_band_waits_for_the
     s, lows = await _loaded_pool(clock)
     clock.now = 1000.1875
     s.pump()
-    await _settle()
+    await settle()
     assert lows[-1].done() and s.dispatcher.round_grouped and s.dispatcher.round_bar == 0
     clock.now = 1000.25  # mid-round
-    late_low = await _spawn(s, ticket(priority=0, prompt=256))
-    high = await _spawn(s, ticket(priority=10, prompt=256))
-    second_high = await _spawn(s, ticket(priority=10, prompt=256))
+    late_low = await spawn(s, ticket(priority=0, prompt=256))
+    high = await spawn(s, ticket(priority=10, prompt=256))
+    second_high = await spawn(s, ticket(priority=10, prompt=256))
     assert high.done() and high.result().ticket.dispatched_at == 1000.25
     assert not late_low.done() and not second_high.done()  # the round now released band 10
     assert s.dispatcher.round_bar == 10 and s._next_wake == 1000.3125
     clock.now = 1000.3125
     s.pump()
-    await _settle()
+    await settle()
     assert late_low.done() and second_high.done()
     for t in [*lows, late_low, high, second_high]:
         t.result().release(None, "ok")
@@ -197,7 +184,7 @@ async def test_a_lower_band_window_never_holds_a_higher_band_arrival() -> None:
     clock = FakeClock()
     s, lows = await _loaded_pool(clock)
     clock.now = 1000.15625  # the band-0 window would open at 1000.1875
-    high = await _spawn(s, ticket(priority=10, prompt=256))
+    high = await spawn(s, ticket(priority=10, prompt=256))
     assert high.done() and lows[-1].done()  # band 10 alone is light: the round opens now, for both
     assert s.snapshot()["window_s"] == 0.0 and s.dispatcher.round_grouped
     for t in [*lows, high]:
@@ -229,9 +216,9 @@ async def test_snapshot_tells_why_the_head_of_the_queue_waits() -> None:
     s = _sched(pol, clock=clock)
     running = await s.acquire(ticket(prompt=300))
     clock.now = 1000.25
-    low = await _spawn(s, ticket(priority=0, tenant="lo", prompt=700))  # load 0.68: held by the window
+    low = await spawn(s, ticket(priority=0, tenant="lo", prompt=700))  # load 0.68: held by the window
     clock.now = 1000.5
-    high = await _spawn(s, ticket(priority=10, tenant="hi", prompt=50))
+    high = await spawn(s, ticket(priority=10, tenant="hi", prompt=50))
     snap = s.snapshot()  # band 10 alone is light: a round opened at 1000.5; the one slot is taken
     assert snap["queue_by_priority"] == {"0": 1, "10": 1} and snap["queued_prefill_tokens"] == 750
     assert snap["oldest_wait_by_priority"] == {"0": 0.25, "10": 0.0} and snap["oldest_wait_s"] == 0.25
@@ -259,7 +246,7 @@ async def test_snapshot_tells_why_the_head_of_the_queue_waits() -> None:
     high.result().release(None, "ok")
     (await low).release(None, "ok")
     clock.now = 1000.875  # band 5: 718 queued + 50 released at band ≥ 5 by the last round → load 0.75
-    late = await _spawn(s, ticket(priority=5, prompt=718))
+    late = await spawn(s, ticket(priority=5, prompt=718))
     snap = s.snapshot()
     assert snap["head"]["blocked_by"] == {"*": "window"} and snap["window_s"] == 0.25
     assert snap["rejections"] == {}
@@ -273,7 +260,7 @@ async def test_snapshot_tells_why_the_head_of_the_queue_waits() -> None:
 async def test_cancelled_waiter_leaves_the_queue_cleanly() -> None:
     s = _sched(policy(controller=FIXED_1))
     first = await s.acquire(ticket())
-    waiting = await _spawn(s, ticket())
+    waiting = await spawn(s, ticket())
     assert len(s.queue) == 1
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -286,7 +273,7 @@ async def test_cancelled_waiter_leaves_the_queue_cleanly() -> None:
 async def test_waiter_cancelled_after_dispatch_gives_its_lease_back() -> None:
     s = _sched(policy(controller=FIXED_1))
     first = await s.acquire(ticket())
-    waiting = await _spawn(s, ticket(tenant="late"))
+    waiting = await spawn(s, ticket(tenant="late"))
     first.release(Usage(100, 0), "ok")  # dispatches the waiter synchronously ...
     assert s.backends[0].active == 1
     waiting.cancel()  # ... but it is cancelled before it resumes and never sees its lease
@@ -300,8 +287,8 @@ async def test_displaced_waiter_gets_503_and_arrival_takes_its_place() -> None:
     pol = policy(controller=FIXED_1, queue={"classes": {"interactive": {"max_queue_depth": 1}}})
     s = _sched(pol)
     running = await s.acquire(ticket(priority=5))
-    low = await _spawn(s, ticket(priority=0))
-    high = await _spawn(s, ticket(priority=10))
+    low = await spawn(s, ticket(priority=0))
+    high = await spawn(s, ticket(priority=10))
     with pytest.raises(ApiError) as exc:
         await low
     assert (exc.value.status, exc.value.code) == (503, "displaced")
@@ -343,8 +330,8 @@ async def test_two_backlogged_tenants_weights_1_to_3_share_tokens_1_to_3() -> No
     s = _sched(pol)
     # different shapes on purpose: light sends 200-token prompts, heavy 100 + 100 output (estimated 50)
     tasks = {
-        "light": [await _spawn(s, ticket(tenant="light", prompt=200)) for _ in range(150)],
-        "heavy": [await _spawn(s, ticket(tenant="heavy", prompt=100, output=50)) for _ in range(150)],
+        "light": [await spawn(s, ticket(tenant="light", prompt=200)) for _ in range(150)],
+        "heavy": [await spawn(s, ticket(tenant="heavy", prompt=100, output=50)) for _ in range(150)],
     }
     service = {"light": 0, "heavy": 0}
     for _ in range(160):  # both tenants stay backlogged throughout
@@ -352,7 +339,7 @@ async def test_two_backlogged_tenants_weights_1_to_3_share_tokens_1_to_3() -> No
         usage = Usage(lease.ticket.cost.prompt_tokens, 100 if lease.ticket.tenant == "heavy" else 0)
         service[lease.ticket.tenant] += usage.prompt_tokens + 2 * usage.completion_tokens
         lease.release(usage, "ok")
-        await _settle()
+        await settle()
     ratio = service["heavy"] / service["light"]
     assert abs(ratio - 3.0) / 3.0 <= 0.10, service
     for ts in tasks.values():

@@ -8,12 +8,11 @@ import math
 from gateway.admission.dispatch import Dispatcher
 from gateway.admission.fairness import VirtualTokenCounters
 from gateway.admission.queue import SLOQueue
-from gateway.admission.scheduler import Lease, PoolScheduler
+from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import PoolBudgets
 from gateway.admission.slots import Holdings, SlotRule, SlotTurnover, slot_margin, slot_miss
 from gateway.backends.state import BackendState
-from gateway.ticket import Ticket
-from tests.admission.helpers import FakeClock, backends, entry, policy, ticket
+from tests.admission.helpers import FakeClock, backends, entry, policy, settle, spawn, ticket
 
 BANDS = SlotRule(top_band=10, band_fraction=0.15)
 
@@ -141,31 +140,28 @@ def test_dispatcher_release_undoes_commit_and_times_the_slot() -> None:
     assert d.turnover[b.url].gap(7.0, 30.0) == 2.0
 
 
-async def _spawn(s: PoolScheduler, t: Ticket) -> asyncio.Task[Lease]:
-    task = asyncio.create_task(s.acquire(t))
-    for _ in range(3):
-        await asyncio.sleep(0)
-    return task
-
-
-async def test_scheduler_keeps_headroom_for_the_top_band_and_for_a_light_tenant_of_the_same_band() -> None:
-    clock = FakeClock()
+def _ten_slots(reserve_hold_s: float | None, clock: FakeClock) -> PoolScheduler:
+    """One backend at a fixed limit of 10, no window, nobody shed by deadline."""
     pol = policy(
         controller={"algorithm": "fixed", "initial": 10, "min": 10, "max": 10},
         window={"enabled": False},
         queue={
             "classes": {"interactive": {"shed_by_deadline": False}},
-            "priorities": {"reserve_hold_s": None},  # the reserve is kept before any top-band request
+            "priorities": {"reserve_hold_s": reserve_hold_s},
         },
     )
-    s = PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
+    return PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
+
+
+async def test_scheduler_keeps_headroom_for_the_top_band_and_for_a_light_tenant_of_the_same_band() -> None:
+    s = _ten_slots(None, FakeClock())  # the reserve is kept before any top-band request
     b = s.backends[0]
-    heavy = [await _spawn(s, ticket(tenant="heavy", priority=5, prompt=1)) for _ in range(10)]
+    heavy = [await spawn(s, ticket(tenant="heavy", priority=5, prompt=1)) for _ in range(10)]
     assert [t.done() for t in heavy] == [True] * 8 + [False] * 2  # 10 − ⌈1.5⌉ below the top band
     assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "band_reserve"}
-    hi = await _spawn(s, ticket(tenant="hi", priority=10, prompt=1))
+    hi = await spawn(s, ticket(tenant="hi", priority=10, prompt=1))
     assert hi.done()  # a free slot was waiting: no completion needed
-    light = await _spawn(s, ticket(tenant="light", priority=5, prompt=1))
+    light = await spawn(s, ticket(tenant="light", priority=5, prompt=1))
     assert not light.done() and b.active == 9
     heavy[0].result().release(None, "ok")
     heavy[1].result().release(None, "ok")
@@ -187,36 +183,23 @@ async def test_scheduler_keeps_headroom_for_the_top_band_and_for_a_light_tenant_
 
 async def test_the_band_reserve_is_held_only_for_a_while_after_a_top_band_request() -> None:
     clock = FakeClock()
-    pol = policy(
-        controller={"algorithm": "fixed", "initial": 10, "min": 10, "max": 10},
-        window={"enabled": False},
-        queue={
-            "classes": {"interactive": {"shed_by_deadline": False}},
-            "priorities": {"reserve_hold_s": 10.0},
-        },
-    )
-    s = PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
-    low = [await _spawn(s, ticket(tenant="a", priority=5, prompt=1)) for _ in range(10)]
+    s = _ten_slots(10.0, clock)
+    low = [await spawn(s, ticket(tenant="a", priority=5, prompt=1)) for _ in range(10)]
     assert all(t.done() for t in low)  # no top band seen yet: nothing idles for it
-    hi = await _spawn(s, ticket(tenant="b", priority=10, prompt=1))
+    hi = await spawn(s, ticket(tenant="b", priority=10, prompt=1))
     # the reserve is back from this arrival on; the lower band's 2 slots beyond its new ceiling only
     # drain (step-down relief), so the top band does not wait for them: 11 active for a moment
     assert hi.done() and s.backends[0].active == 11
-    more = await _spawn(s, ticket(tenant="a", priority=5, prompt=1))
+    more = await spawn(s, ticket(tenant="a", priority=5, prompt=1))
     for t in low[:2]:
         t.result().release(None, "ok")
-    await _settle_all()
+    await settle()
     assert not more.done() and s.backends[0].active == 9  # 8 low + 1 top ≥ the low ceiling 10 − ⌈1.5⌉
     clock.advance(10.5)  # 10 s without a top-band request: the reserve is let go
     s.pump()
-    await _settle_all()
+    await settle()
     assert more.done()
     assert s.backends[0].active == 10
     for t in [*low[2:], hi, more]:
         t.result().release(None, "ok")
     assert s.backends[0].active == 0
-
-
-async def _settle_all() -> None:
-    for _ in range(3):
-        await asyncio.sleep(0)

@@ -15,16 +15,10 @@ from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import PoolBudgets
 from gateway.admission.slots import SlotRule
 from gateway.ticket import Usage
-from tests.admission.helpers import FakeClock, backends, entry, policy, ticket
+from tests.admission.helpers import FakeClock, backends, entry, policy, settle, ticket
 
 METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_fraction=1.0)
 TWO = {5: {"light": 1.0, "heavy": 1.0}}  # both tenants waiting or running at band 5, equal weights
-
-
-async def _settle() -> None:
-    """Let woken acquire() calls resume."""
-    for _ in range(3):
-        await asyncio.sleep(0)
 
 
 def _dispatcher(*, slots: int = 8, present: dict[int, dict[str, float]] | None = None) -> Dispatcher:
@@ -133,18 +127,18 @@ async def test_a_light_tenant_overtakes_a_heavy_backlog_and_gets_the_higher_engi
     )
     s = PoolScheduler("interactive", backends(1), lambda: pol, clock=clock, engine_priorities=True)
     heavy = [asyncio.create_task(s.acquire(ticket(tenant="heavy", prompt=100, output=100))) for _ in range(8)]
-    await _settle()
+    await settle()
     running = [t.result() for t in heavy if t.done()]
     # the whole limit (no top-band request seen: no band reserve); alone, heavy is under nobody's share
     assert [lease.engine_priority for lease in running] == [10, 10, 10, 10]
     clock.advance(1.0)
     light = asyncio.create_task(s.acquire(ticket(tenant="light", prompt=100, output=100)))
-    await _settle()
+    await settle()
     assert not light.done()  # every slot is taken
     running[0].release(Usage(100, 100), "ok")
-    await _settle()
+    await settle()
     assert light.done() and light.result().engine_priority == 11  # ahead of heavy's 5 waiting
     assert sum(not t.done() for t in heavy) == 4
     for t in heavy:
         t.cancel()
-    await _settle()
+    await settle()
