@@ -12,6 +12,7 @@ from loadtest.media import MediaCache
 from loadtest.sim.profile import load_profile
 from loadtest.sim.replay import arrivals
 from loadtest.workload import RequestFactory, Workload, WorkloadError, load_workload
+from tests.support.workloads import text_stream
 
 LONG = {"output_tokens": {"dist": "fixed", "value": 1900}, "extra_body": {"ignore_eos": True}}
 
@@ -72,16 +73,8 @@ def test_unknown_bucket_in_buckets_is_a_clear_error() -> None:
 
 
 def test_replay_runs_ignore_eos_requests_to_max_tokens(tmp_path: Path) -> None:
-    w = load_workload(
-        None,
-        {
-            "mix": {"text": 1},
-            "arrivals": {"shape": "constant", "process": "constant", "rate": 4.0},
-            "duration": 2.0,
-            "warmup": {"duration": 0.0},
-            "output_tokens": {"dist": "fixed", "value": 4000},
-            "buckets": {"long_answer": {**LONG, "at": 0, "run": 4}},
-        },
+    w = text_stream(
+        output_tokens=4000, warmup={"duration": 0.0}, buckets={"long_answer": {**LONG, "at": 0, "run": 4}}
     )
     sends = arrivals(w, load_profile("default"), MediaCache(tmp_path, w.seed))
     long = [a.req for a in sends if a.bucket == "long_answer"]

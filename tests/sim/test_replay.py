@@ -8,21 +8,11 @@ from loadtest.media import MediaCache
 from loadtest.sim.engine import EngineConfig
 from loadtest.sim.profile import load_profile
 from loadtest.sim.replay import arrivals, point
-from loadtest.workload import load_workload
+from tests.support.workloads import text_stream
 
 
 def test_replay_measures_only_the_measured_phase_and_counts_queue_full_as_rejections(tmp_path: Path) -> None:
-    w = load_workload(
-        None,
-        {
-            "mix": {"text": 1},
-            "arrivals": {"shape": "constant", "process": "constant", "rate": 4.0},
-            "duration": 2.0,
-            "warmup": {"duration": 1.0, "rate": 2.0},
-            "output_tokens": {"dist": "fixed", "value": 50},
-            "drain": 60.0,
-        },
-    )
+    w = text_stream(output_tokens=50, warmup={"duration": 1.0, "rate": 2.0}, drain=60.0)
     profile = load_profile("default")
     sends = arrivals(w, profile, MediaCache(tmp_path, w.seed))
     measured = [a for a in sends if a.phase == "measured"]
@@ -41,17 +31,7 @@ def test_replay_measures_only_the_measured_phase_and_counts_queue_full_as_reject
 def test_replay_outer_cap_holds_arrivals_in_the_client_and_sheds_what_the_drain_never_released(
     tmp_path: Path,
 ) -> None:
-    w = load_workload(
-        None,
-        {
-            "mix": {"text": 1},
-            "arrivals": {"shape": "constant", "process": "constant", "rate": 4.0},
-            "duration": 2.0,
-            "warmup": {"duration": 0.0},
-            "output_tokens": {"dist": "fixed", "value": 50},
-            "drain": 60.0,
-        },
-    )
+    w = text_stream(output_tokens=50, warmup={"duration": 0.0}, drain=60.0)
     profile = load_profile("default")
     sends = arrivals(w, profile, MediaCache(tmp_path, w.seed))
     config = EngineConfig(max_total_tokens=100_000, max_running_requests=8)
