@@ -63,9 +63,21 @@ class Dispatcher:
         self.share_window_s = 60.0
         self.round_dispatched: dict[int, int] = {}  # band → dispatches this round
         self.round_band_prefill: dict[int, int] = {}  # band → prefill tokens released this round
-        self.rule = SlotRule()  # set by the scheduler from the policy before each decision
+        self._rule = SlotRule()
+        self._totals: dict[int, tuple[float, float]] = {}  # band → RecentService.totals of its present
+        self._totals_as_of: tuple[float, float, int] | None = None
         self.holdings = Holdings()
         self.turnover: dict[str, SlotTurnover] = {}
+
+    @property
+    def rule(self) -> SlotRule:
+        """The slot rules of the decision, set by the scheduler from the policy before each one."""
+        return self._rule
+
+    @rule.setter
+    def rule(self, rule: SlotRule) -> None:
+        self._rule = rule
+        self._totals_as_of = None
 
     def round_open(self, now: float, budgets: PoolBudgets) -> bool:
         return self.round_started is not None and now < self.round_started + budgets.round_s
@@ -135,10 +147,25 @@ class Dispatcher:
         share = self.rule.tenant_share(band, tenant) * self.pool_slots
         if self.holdings.in_pool(band, tenant) >= share:
             return False
-        present = self.rule.present.get(band, {})
-        if tenant not in present:
-            present = {**present, tenant: self.rule.weight_of(tenant)}
-        return self.recent.under_share(tenant, present, self.now, self.share_window_s)
+        service, weight = self._band_totals(band)
+        if tenant not in self.rule.present.get(band, {}):
+            w = self.rule.weight_of(tenant)
+            service += w * self.recent.value(tenant, self.now, self.share_window_s)
+            weight += w
+        return self.recent.below(tenant, (service, weight), self.now, self.share_window_s)
+
+    def _band_totals(self, band: int) -> tuple[float, float]:
+        """RecentService.totals of the tenants present at `band`, kept until the rule, the clock or the
+        service changes: the queue ranks every tenant by `under_share` on every placement, and summing
+        over all the present tenants for each would make that quadratic in tenants."""
+        as_of = (self.now, self.share_window_s, self.recent.version)
+        if as_of != self._totals_as_of:
+            self._totals, self._totals_as_of = {}, as_of
+        totals = self._totals.get(band)
+        if totals is None:
+            present = self.rule.present.get(band, {})
+            totals = self._totals[band] = self.recent.totals(present, self.now, self.share_window_s)
+        return totals
 
     def engine_priority(self, ticket: Ticket) -> int:
         """The `priority` the engine gets for `ticket` (0 when the engines ignore it): the band doubled,

@@ -23,7 +23,7 @@ from gateway.admission.lease import DROP_OUTCOMES, Lease, Waiter
 from gateway.admission.limits import Limit, Sample, latency_ratio, make_limit
 from gateway.admission.queue import Entry, SLOQueue, effective_deadline
 from gateway.admission.settings import PoolBudgets
-from gateway.admission.shedding import PrefillRate, QueueGuard, displaced_error
+from gateway.admission.shedding import PrefillRate, QueueGuard, SlotWait, displaced_error
 from gateway.admission.slots import SlotRule
 from gateway.admission.state import pool_snapshot
 from gateway.admission.window import BatchWindow, QueueLoad, under_load
@@ -163,7 +163,7 @@ class PoolScheduler:
         now = self.clock()
         self.rate.configure(policy.queue)
         if self.queue and now >= self._next_sweep:
-            for entry, err in self.guard.sweep(now, self._available()):
+            for entry, err in self.guard.sweep(now, self._available(), self._sweep_slot_wait(policy)):
                 self._fail(entry, err)
             self._next_sweep = now + policy.queue.recheck_interval_s
             self.dispatcher.recent.forget(now, policy.fairness.share_window_s)
@@ -285,6 +285,22 @@ class PoolScheduler:
         budgets, limits = self.decision(policy, (entry.band, entry.tenant))
         max_age = policy.queue.prefill_rate_max_age_s
         return self.dispatcher.slot_wait(entry, self.backends, budgets, limits, now, max_age, ahead)
+
+    def _sweep_slot_wait(self, policy: Policy) -> SlotWait:
+        """`_slot_wait` for one sweep: every entry it judges is queued, so its tenant is already present
+        and one decision serves them all — until the sweep sheds one (a tenant may leave with it)."""
+        inputs: dict[int, tuple[PoolBudgets, dict[str, int]]] = {}
+        max_age = policy.queue.prefill_rate_max_age_s
+
+        def slot_wait(entry: Entry, now: float, ahead: int) -> float | None:
+            depth = len(self.queue)
+            if depth not in inputs:
+                inputs.clear()
+                inputs[depth] = self.decision(policy)
+            budgets, limits = inputs[depth]
+            return self.dispatcher.slot_wait(entry, self.backends, budgets, limits, now, max_age, ahead)
+
+        return slot_wait
 
     def _slot_rule(self, policy: Policy, candidate: tuple[int, str] | None) -> SlotRule:
         top = policy.queue.priorities.top

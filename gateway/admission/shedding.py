@@ -25,6 +25,9 @@ from gateway.admission.queue import Entry, SLOQueue
 from gateway.admission.settings import QueuePolicy
 from gateway.errors import ApiError
 
+SlotWait = Callable[[Entry, float, int], float | None]
+"""(entry, now, requests ahead of it) → seconds until a backend could take it (Dispatcher.slot_wait)."""
+
 
 class PrefillRate:
     """Per-backend prefill throughput in tokens/s, for start-time predictions.
@@ -107,7 +110,7 @@ class QueueGuard:
         queue: SLOQueue,
         rate: PrefillRate,
         pool: str,
-        slot_wait: Callable[[Entry, float, int], float | None] | None = None,
+        slot_wait: SlotWait | None = None,
     ) -> None:
         self.queue = queue
         self.rate = rate
@@ -127,7 +130,7 @@ class QueueGuard:
         """Queue `entry` or raise its refusal; returns the entry it displaced (already removed), if any."""
         self.queue.stamp(entry)
         entries_ahead, ahead = self.queue.ahead_of(entry)
-        refusal = self._unattainable(entry, now, backends, ahead, entries_ahead)
+        refusal = self._unattainable(entry, now, backends, ahead, entries_ahead, self.slot_wait)
         if refusal is not None:
             raise refusal
         cls = entry.ticket.traffic_class
@@ -150,9 +153,13 @@ class QueueGuard:
         self.queue.push(entry)
         return victim
 
-    def sweep(self, now: float, backends: int) -> list[tuple[Entry, ApiError]]:
+    def sweep(
+        self, now: float, backends: int, slot_wait: SlotWait | None = None
+    ) -> list[tuple[Entry, ApiError]]:
         """Remove every waiting entry past its max wait or that can no longer meet its deadline (the head
-        judged by its slot wait, see the class)."""
+        judged by its slot wait, see the class). `slot_wait` replaces the guard's own for this sweep (the
+        scheduler's reuses one decision for every queued entry)."""
+        slot_wait = slot_wait or self.slot_wait
         out: list[tuple[Entry, ApiError]] = []
         for entry in self.queue.entries():
             if now - entry.enqueued_at >= entry.slo.max_wait_s:
@@ -167,7 +174,7 @@ class QueueGuard:
         shed_tokens = 0  # every entry shed below was projected ahead of the ones after it
         kept = 0
         for entry, ahead in list(self.queue.projected()):
-            refusal = self._unattainable(entry, now, backends, ahead - shed_tokens, kept)
+            refusal = self._unattainable(entry, now, backends, ahead - shed_tokens, kept, slot_wait)
             if refusal is None:
                 kept += 1
             else:
@@ -177,17 +184,23 @@ class QueueGuard:
         return out
 
     def _unattainable(
-        self, entry: Entry, now: float, backends: int, ahead: int, entries_ahead: int
+        self,
+        entry: Entry,
+        now: float,
+        backends: int,
+        ahead: int,
+        entries_ahead: int,
+        slot_wait: SlotWait | None,
     ) -> ApiError | None:
         """The refusal of an entry predicted to miss its deadline; None when it may wait. `ahead`: prefill
         tokens, `entries_ahead`: requests, dispatched before it (0: the head)."""
         if not entry.slo.shed_by_deadline:
             return None
-        if entries_ahead == 0 and self._in_time(entry, now, 0):
+        if entries_ahead == 0 and self._in_time(entry, now, 0, slot_wait):
             return None
         p = self.predict(entry, now, backends, ahead)
         if p.first_token <= entry.deadline and (
-            entries_ahead == 0 or self._in_time(entry, now, entries_ahead)
+            entries_ahead == 0 or self._in_time(entry, now, entries_ahead, slot_wait)
         ):
             return None
         err = ApiError(
@@ -199,11 +212,11 @@ class QueueGuard:
         )
         return self._refuse("slo_unattainable", entry.ticket.traffic_class, err)
 
-    def _in_time(self, entry: Entry, now: float, entries_ahead: int) -> bool:
+    def _in_time(self, entry: Entry, now: float, entries_ahead: int, slot_wait: SlotWait | None) -> bool:
         """Will `entry` get a slot after the `entries_ahead` before it, and prefill, before its deadline?
         Room now: yes, whatever the rate. Unpredictable slots: no for the head (the queue prediction then
         decides alone), yes past it (only the prefill prediction speaks)."""
-        wait = None if self.slot_wait is None else self.slot_wait(entry, now, entries_ahead)
+        wait = None if slot_wait is None else slot_wait(entry, now, entries_ahead)
         if wait is None:
             return entries_ahead > 0
         if wait == 0.0:

@@ -48,6 +48,11 @@ class SlotRule:
     tenant_fraction: float = 0.0
     present: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
     weight_of: Callable[[str], float] = lambda tenant: 1.0
+    weights: Mapping[int, float] = field(init=False, repr=False, compare=False)  # band → Σ present weights
+
+    def __post_init__(self) -> None:
+        # asked per tenant and backend on every placement: summed once per rule, not per question
+        object.__setattr__(self, "weights", {band: sum(t.values()) for band, t in self.present.items()})
 
     def band_reserve(self, band: float, limit: int) -> int:
         """Slots a request of `band` must leave free for the top band."""
@@ -58,7 +63,7 @@ class SlotRule:
     def tenant_share(self, band: int, tenant: str) -> float:
         """The tenant's weighted fair share of a backend's slots at `band`, 0..1."""
         present = self.present.get(band, {})
-        total = sum(present.values())
+        total = self.weights.get(band, 0)
         weight = present.get(tenant)
         if weight is None:
             weight = self.weight_of(tenant)

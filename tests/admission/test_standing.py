@@ -142,3 +142,18 @@ async def test_a_light_tenant_overtakes_a_heavy_backlog_and_gets_the_higher_engi
     for t in heavy:
         t.cancel()
     await settle()
+
+
+def test_under_share_sees_a_charge_made_at_the_same_instant_and_a_new_rule() -> None:
+    """The present tenants' totals are kept between questions (one sum per band, not per tenant): a
+    dispatch's charge at the same clock reading and a rebuilt rule must both invalidate them."""
+    d = _dispatcher(slots=8)
+    d.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    assert d.under_share(5, "light") and not d.under_share(5, "heavy")
+    d.recent.charge("light", 9000.0, now=0.0, window_s=60.0)  # same `now`: only the charge changed
+    assert not d.under_share(5, "light") and d.under_share(5, "heavy")
+    d.rule = SlotRule(tenant_fraction=0.1, present={5: {"light": 1.0, "heavy": 1.0, "idle": 1.0}})
+    # a third tenant present with no service lowers the average to (9000 + 5000 + 0) / 3: heavy is no
+    # longer under it (the old totals, 7000, would still say it is), the idle one is
+    assert not d.under_share(5, "heavy") and d.under_share(5, "idle")
+    assert d.under_share(5, "newcomer")  # absent from the rule: counted with its own weight and no service
