@@ -18,7 +18,8 @@ Scenarios (each a flag-sized run; `--duration` is simulated seconds per run):
 - flood: a low-priority flood at 3× capacity next to a high-priority stream; high TTFT P99 ≤ its SLO.
 - tenants: a light tenant alone, then beside a tenant sending 10× its rate; light TTFT P99 ≤ 1.2× alone
   (`--tenants-duration`, 240 simulated s: ~320 light requests, so the P99 is not their maximum;
-  `--tenants-seeds 42,7,99` repeats it per seed and judges the median ratio).
+  `--tenants-seeds`, default 42,7,99, repeats it per workload seed and judges the P99 of every seed's
+  requests together: one run's P99 is its third-worst request and swings ±30 % between seeds).
 - mixed: interactive (high priority) beside an offline flood in one pool; interactive attainment ≥ 99 %
   while offline uses ≥ 80 % of the capacity interactive leaves (capacity: an offline-only run).
 """
@@ -44,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._servers import ROOT, Procs, cpu_seconds, free_port, wait_http
 from gateway.policy import Policy, load_policy
 from loadtest.media import MediaCache
-from loadtest.metrics import meets_slo, summarize
+from loadtest.metrics import meets_slo, percentile, summarize
 from loadtest.records import RequestRecord
 from loadtest.results import build_result
 from loadtest.runner import RunOptions, execute
@@ -277,8 +278,27 @@ def row(run_name: str, s: Stream) -> str:
     )
 
 
+def where_ttft_goes(alone: Stream, shared: Stream) -> str:
+    """TTFT P99 per bucket and the gateway queue's P99, alone → shared: whether the queue or the engine
+    added the time."""
+    a, b = (alone.result or {}), (shared.result or {})
+    parts = [
+        f"{bucket} {_p(x, 'ttft_ms', 'p99')} → {_p(y, 'ttft_ms', 'p99')}"
+        for bucket, x in (a["breakdowns"].get("bucket") or {}).items()
+        if (y := (b["breakdowns"].get("bucket") or {}).get(bucket)) is not None
+    ]
+    queue = f"{_p(a['summary'], 'queue_ms', 'p99')} → {_p(b['summary'], 'queue_ms', 'p99')}"
+    return f"TTFT P99 ms alone → beside by bucket: {', '.join(parts)}; gateway queue P99 ms {queue}"
+
+
 def verdict(name: str, ok: bool, detail: str) -> str:
     return f"- {'PASS' if ok else 'MISS'} {name}: {detail}"
+
+
+def ttfts_ms(s: Stream) -> list[float]:
+    """TTFT of the stream's completed measured requests, simulated ms."""
+    done = [r for r in s.records or [] if r.phase == "measured" and r.ok]
+    return [1000 * r.ttft * s.workload.time_scale for r in done if r.ttft is not None]
 
 
 def ttft_p99(s: Stream) -> float:
@@ -381,12 +401,16 @@ async def flood(house: House, args: argparse.Namespace) -> list[str]:
 
 async def tenants(house: House, args: argparse.Namespace) -> list[str]:
     """Per seed in `--tenants-seeds`: the light tenant alone, then beside the heavy one; the verdict
-    is on the median ratio (one run's P99 swings ±30 % with the timing of a handful of requests)."""
+    is on the P99 of all seeds' light requests together (one run's P99 swings ±30 % with the timing of a
+    handful of requests; pooled, the P99 rests on ~10 of ~900)."""
     cap = args.capacity * len(house.sims)
     rate = 0.25 * cap
     longer = {"duration": args.tenants_duration}  # P99 over ≥ 300 light requests, not their maximum
     out = ["\n### tenants — a light tenant alone, then beside one sending 10× its rate\n", HEADER]
     ratios: list[float] = []
+    notes: list[str] = []
+    pooled_alone: list[float] = []
+    pooled_shared: list[float] = []
     for seed in args.tenants_seeds:
 
         def light(seed: int = seed) -> Stream:
@@ -400,19 +424,24 @@ async def tenants(house: House, args: argparse.Namespace) -> list[str]:
         heavy = Stream("heavy 10×", workload(args, "heavy", api_key="sk-heavy", seed=seed + 2, **over))
         await gateway_run(house, "gw-tenants", [shared, heavy])
         ratios.append(ttft_p99(shared) / max(ttft_p99(alone), 1e-9))
+        pooled_alone += ttfts_ms(alone)
+        pooled_shared += ttfts_ms(shared)
         label = f"seed {seed}: "
         out += [
             row(label + "alone", alone),
             row(label + "beside heavy", shared),
             row(label + "beside", heavy),
         ]
-    ratio = statistics.median(ratios)
-    out.append("")
+        notes.append(f"- seed {seed}, light {where_ttft_goes(alone, shared)}")
+    alone_p99, shared_p99 = percentile(pooled_alone, 99), percentile(pooled_shared, 99)
+    ratio = shared_p99 / max(alone_p99, 1e-9)
+    out += ["", *notes, ""]
     out.append(
         verdict(
-            "light TTFT P99 ≤ 1.2× its value alone (median over seeds)",
+            "light TTFT P99 ≤ 1.2× its value alone (P99 over every seed's requests)",
             ratio <= 1.2,
-            f"{ratio:.2f}× (per seed: {', '.join(f'{r:.2f}' for r in ratios)})",
+            f"{shared_p99:.0f} / {alone_p99:.0f} ms = {ratio:.2f}× over {len(pooled_shared)} requests "
+            f"(per seed: {', '.join(f'{r:.2f}' for r in ratios)}; median {statistics.median(ratios):.2f})",
         )
     )
     return out
@@ -521,8 +550,9 @@ def main() -> None:
     ap.add_argument(
         "--tenants-seeds",
         type=_list(int),
-        default=[42],
-        help="workload seeds of the tenants scenario (the heavy tenant uses seed + 2); verdict on the median",
+        default=[42, 7, 99],
+        help="workload seeds of the tenants scenario (the heavy tenant uses seed + 2); verdict on the P99 "
+        "of all their light requests together",
     )
     ap.add_argument(
         "--drain", type=float, default=20.0, help="simulated seconds to finish after the last send"

@@ -54,7 +54,7 @@ class Dispatcher:
     def __init__(self) -> None:
         self.round_started: float | None = None
         self.round_grouped = False
-        self.round_bar = -math.inf  # highest band the round opened for or released
+        self.round_bar = -math.inf  # highest band (`rank`) the round opened for or released
         self.round_prefill: dict[str, dict[int, int]] = {}  # backend → engine priority → tokens
         self.engine_priorities = False  # set by the scheduler: the engines serve waiting work by priority
         self.pool_slots = 0  # set by the scheduler: Σ concurrency limits of the available backends
@@ -167,6 +167,11 @@ class Dispatcher:
             totals = self._totals[band] = self.recent.totals(present, self.now, self.share_window_s)
         return totals
 
+    def rank(self, ticket: Ticket) -> float:
+        """The ticket's place in the pool's order across tenants: its band, plus a half while its tenant is
+        under its share (queue.py serves those first in their band)."""
+        return ticket.priority + (0.5 if self.under_share(ticket.priority, ticket.tenant) else 0.0)
+
     def engine_priority(self, ticket: Ticket) -> int:
         """The `priority` the engine gets for `ticket` (0 when the engines ignore it): the band doubled,
         plus one while the tenant is under its share."""
@@ -175,11 +180,13 @@ class Dispatcher:
         return 2 * ticket.priority + (1 if self.under_share(ticket.priority, ticket.tenant) else 0)
 
     def joins_round(self, entry: Entry) -> bool:
-        """May `entry` go in the current round? Always, unless the round is grouped and it came late."""
+        """May `entry` go in the current round? Always, unless the round is grouped and it came late —
+        then only above the round's bar (`rank`): a higher band, or a tenant under its share where the
+        round opened for or released only tenants at or over theirs."""
         started = self.round_started
         if not self.round_grouped or started is None or entry.enqueued_at <= started:
             return True
-        return entry.band > self.round_bar
+        return self.rank(entry.ticket) > self.round_bar
 
     def shared_budgets_fit(
         self, ticket: Ticket, backend: BackendState, budgets: PoolBudgets, limit: int
@@ -289,11 +296,11 @@ class Dispatcher:
 
     def commit(self, ticket: Ticket, backend: BackendState, *, loan: bool = False) -> int:
         """Account a dispatch on the backend (`release` undoes exactly that) and in the round; returns its
-        engine priority. A loan
-        (another pool's request on our backend) spends the round's prefill budget but is not our
-        traffic: it neither raises the round's bar nor counts as arrival pressure for the window."""
+        engine priority. A loan (another pool's request on our backend) spends the round's prefill budget
+        but is not our traffic: it neither raises the round's bar nor counts as arrival pressure for the
+        window."""
         cost = ticket.cost
-        prio = self.engine_priority(ticket)
+        prio, rank = self.engine_priority(ticket), self.rank(ticket)  # as they stood when it was chosen
         self.holdings.add(backend.url, ticket)
         backend.active += 1
         backend.outstanding_tokens += cost.total_tokens
@@ -306,7 +313,7 @@ class Dispatcher:
         band = ticket.priority
         self.round_dispatched[band] = self.round_dispatched.get(band, 0) + 1
         self.round_band_prefill[band] = self.round_band_prefill.get(band, 0) + cost.prompt_tokens
-        self.round_bar = max(self.round_bar, band)
+        self.round_bar = max(self.round_bar, rank)
         return prio
 
     def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:

@@ -72,6 +72,22 @@ def test_under_share_needs_fewer_slots_and_less_recent_service_than_the_share() 
     assert not d.under_share(5, "light")  # no tenant headroom configured: no standing either
 
 
+def test_a_late_arrival_under_its_share_joins_a_grouped_round_once_over_share_waits() -> None:
+    """A grouped round holds late arrivals of its band for the next round; a tenant under its share
+    ranks above the band (it goes first in the queue too), so its late arrival joins at once — and raises
+    the bar, so a second one waits like anyone."""
+    d = _dispatcher()
+    d.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    d.open_round(10.0, grouped=True, top_band=5)
+    late_heavy, late_light = (entry(ticket(tenant=t, priority=5), now=10.01) for t in ("heavy", "light"))
+    assert d.rank(late_light.ticket) == 5.5 and d.rank(late_heavy.ticket) == 5
+    assert d.joins_round(late_light) and not d.joins_round(late_heavy)
+    d.commit(late_light.ticket, backends(1)[0])
+    assert d.round_bar == 5.5
+    assert not d.joins_round(entry(ticket(tenant="light", priority=5), now=10.02))
+    assert d.joins_round(entry(ticket(tenant="heavy", priority=10), now=10.02))  # a higher band still does
+
+
 def test_engine_priority_is_twice_the_band_plus_one_under_share_and_zero_when_engines_ignore_it() -> None:
     d = _dispatcher()
     d.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
