@@ -165,15 +165,19 @@ class CompletionEndpoint:
             ticket.dispatched_at = self.gw.clock()
             record.record_dispatch(ticket)
             assert owner.client is not None
+            revocable = anyio.CancelScope()
+            if lease.loan:  # only whole requests borrow: nothing reaches the client before the answer
+                lease.arm(revocable.cancel)
             try:
-                upstream = await open_upstream(
-                    owner.client,
-                    backend.url + self.path,
-                    payload,
-                    headers,
-                    pool_policy.timeouts,
-                    stream=ticket.stream,
-                )
+                with revocable:
+                    upstream = await open_upstream(
+                        owner.client,
+                        backend.url + self.path,
+                        payload,
+                        headers,
+                        pool_policy.timeouts,
+                        stream=ticket.stream,
+                    )
             except UpstreamError as e:
                 lease.release(Usage(0, 0), "overloaded" if e.status in (429, 503) else "error")
                 metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend, e.phase).inc()
@@ -201,6 +205,13 @@ class CompletionEndpoint:
             except BaseException:
                 lease.release(Usage(0, 0), "cancelled")
                 raise
+            finally:
+                lease.disarm()
+            if revocable.cancelled_caught:  # the lender's own requests wait: queue again in our pool
+                lease.release(Usage(0, 0), "revoked")
+                metrics.LOANS_REVOKED.labels(pool.name).inc()
+                log.info("request %s: loan of %s revoked; queued again", ticket.id, ticket.backend)
+                continue
             owner.record_success(backend)
             return upstream, lease
 

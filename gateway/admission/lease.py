@@ -3,6 +3,10 @@
 The lease knows nothing of the scheduler's accounting: it only guarantees that the release callback
 (`PoolScheduler._release`, which gives back the budgets, reconciles fairness and feeds the limit) runs
 exactly once, however many times the pipeline's error paths call `release`.
+
+A loan (an offline request on a lent interactive backend) can be revoked: the lender calls `revoke()`
+when its own requests wait for the slot, and the pipeline, which `arm`s the lease with the cancel of
+its upstream call while nothing has reached the client, abandons that call and queues the request again.
 """
 
 from __future__ import annotations
@@ -42,11 +46,31 @@ class Lease:
         self.engine_priority = engine_priority  # the request's `priority` field (Dispatcher.engine_priority)
         self.dispatched_at: float | None = None  # on the scheduler's clock
         self.released = False
+        self.revoked = False
         self._on_release = on_release
+        self._on_revoke: Callable[[], None] | None = None
 
     @property
     def ticket(self) -> Ticket:
         return self.entry.ticket
+
+    def arm(self, on_revoke: Callable[[], None]) -> None:
+        """From now until `disarm`, `revoke` calls `on_revoke` (at once if it already came)."""
+        self._on_revoke = on_revoke
+        if self.revoked:
+            on_revoke()
+
+    def disarm(self) -> None:
+        """The request can no longer be taken back (its answer is on its way to the client)."""
+        self._on_revoke = None
+
+    def revoke(self) -> None:
+        """Ask for the backend back; only an armed lease acts on it, the others end as they would."""
+        if self.released or self.revoked:
+            return
+        self.revoked = True
+        if self._on_revoke is not None:
+            self._on_revoke()
 
     def release(
         self,

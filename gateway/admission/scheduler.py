@@ -34,6 +34,9 @@ from gateway.ticket import Ticket, Usage
 
 __all__ = ["DROP_OUTCOMES", "Lease", "PoolScheduler"]  # Lease and DROP_OUTCOMES live in lease.py
 
+_RECLAIMABLE = frozenset({"concurrency", "band_reserve", "tenant_share", "kv_watermark", "bucket_cap"})
+"""Why a request waits that a loan on the backend may be the cause of (not the round, the window...)."""
+
 
 class PoolScheduler:
     """One pool's queue, dispatcher, window and limits; `acquire` returns a `Lease` on a backend."""
@@ -69,6 +72,7 @@ class PoolScheduler:
         self._wake = anyio.Event()
         self._lender: PoolScheduler | None = None
         self._top_seen = -math.inf  # when a top-band request last arrived (the band reserve's hold)
+        self._loans: list[Lease] = []  # another pool's requests on our backends, oldest first
         self.lent = 0  # this pool's backends running another pool's requests
         self.borrowed = 0  # this pool's requests running on a lender's backends
         self._sync_limits(policy)
@@ -133,10 +137,9 @@ class PoolScheduler:
 
     def lend(self, entry: Entry, now: float) -> tuple[BackendState, int] | None:
         """A backend of this pool for a borrower's request, already accounted, and the request's engine
-        priority there; or None. A loan starts
-        only while lending is enabled, none of this pool's own requests wait, and a backend is below
-        `lend.max_load` and fits this pool's budgets (the loan spends this pool's round prefill budget).
-        Loans run to their end: the guarantee is that no loan starts while our requests wait."""
+        priority there; or None. A loan starts only while lending is enabled, none of this pool's own
+        requests wait, and a backend is below `lend.max_load` and fits this pool's budgets (the loan
+        spends this pool's round prefill budget). Once our requests wait, `_reclaim` takes loans back."""
         policy = self.policy_getter()
         if not policy.budgets.for_pool(self.pool).lend.enabled or self.queue:
             return None
@@ -194,6 +197,8 @@ class PoolScheduler:
             self.window.length_s = 0.0
         else:
             wake = min(wake, self._next_sweep)
+            if self._loans:
+                self._reclaim(budgets, limits)
         if wake < self._next_wake:
             self._wake.set()
         self._next_wake = wake
@@ -341,12 +346,35 @@ class PoolScheduler:
             b.concurrency_limit = current.limit
 
     def _borrow(self, now: float) -> tuple[Entry, BackendState, int] | None:
-        """Our own backends are full: offer the first request this round may release to the lender."""
+        """Our own backends are full: offer the first request this round may release to the lender —
+        the first whole one: a loan must be revocable, and a stream cannot be taken back once it has
+        started (see `_reclaim`)."""
         if self._lender is None:
             return None
-        head = next((e for e in self.queue.ordered() if self.dispatcher.joins_round(e)), None)
+        head = next(
+            (e for e in self.queue.ordered() if self.dispatcher.joins_round(e) and not e.ticket.stream),
+            None,
+        )
         loan = None if head is None else self._lender.lend(head, now)
         return None if head is None or loan is None else (head, *loan)
+
+    def _reclaim(self, budgets: PoolBudgets, limits: dict[str, int]) -> None:
+        """Our own head request waits, and on no backend would a round opened now take it; where a
+        loan holds what it lacks (a slot, KV, its bucket), revoke the newest loan — one at a time per
+        backend, so each revocation is seen freed before the next. Loans start only while none of our
+        requests wait (`lend`); this is the other half: they do not hold the backend once ours wait."""
+        head = next(self.queue.ordered(), None)
+        if head is None:
+            return
+        blocked = self.dispatcher.blocked_by(head, self.backends, budgets, limits, new_round=True)
+        if len(blocked) < len(self.backends):
+            return  # it fits somewhere: the round or the window holds it, not a loan
+        for url, reason in blocked.items():
+            if reason not in _RECLAIMABLE:
+                continue
+            loans = [lease for lease in self._loans if lease.backend.url == url]
+            if loans and not any(lease.revoked for lease in loans):
+                loans[-1].revoke()
 
     def _dispatch(
         self, entry: Entry, backend: BackendState, now: float, engine_priority: int, *, loan: bool
@@ -364,6 +392,8 @@ class PoolScheduler:
         lease = Lease(entry, backend, entry.charge, loan, self._release, engine_priority)
         lease.dispatched_at = now
         self._leases.add(lease)
+        if loan and self._lender is not None:
+            self._lender._loans.append(lease)
         waiter = self._waiters.pop(entry)
         waiter.lease = lease
         waiter.event.set()
@@ -385,6 +415,8 @@ class PoolScheduler:
         self, lease: Lease, usage: Usage | None, outcome: str, ttft_s: float | None, tpot_s: float | None
     ) -> None:
         self._leases.discard(lease)
+        if lease.loan and self._lender is not None:
+            self._lender._loans.remove(lease)
         ticket, backend, entry = lease.ticket, lease.backend, lease.entry
         policy = self.policy_getter()
         in_flight = backend.active

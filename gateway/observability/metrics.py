@@ -74,6 +74,12 @@ UPSTREAM_ERRORS = Counter(
     ["pool", "backend", "phase"],
     registry=REGISTRY,
 )
+LOANS_REVOKED = Counter(
+    "omnigate_loans_revoked_total",
+    "Requests on a lent backend given back because the lending pool's own requests waited; queued again.",
+    ["pool"],
+    registry=REGISTRY,
+)
 CLIENT_DISCONNECTS = Counter(
     "omnigate_client_disconnects_total",
     "Requests whose client went away; the upstream request was cancelled.",

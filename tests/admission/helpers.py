@@ -38,11 +38,12 @@ def ticket(
     cls: str = "interactive",
     arrival: float = 1000.0,
     deadline: float = float("inf"),
+    stream: bool = True,
 ) -> Ticket:
     return Ticket(
         id=f"req-{next(_ids)}",
         model="m",
-        stream=True,
+        stream=stream,
         arrival=arrival,
         tenant=tenant,
         pool=cls,

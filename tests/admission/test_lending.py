@@ -1,5 +1,6 @@
 """Offline work borrowing interactive backends (`PoolScheduler.lend_to`): off by default, only below the
-lending pool's load threshold, never while the lending pool's own requests wait."""
+lending pool's load threshold, never while the lending pool's own requests wait — and given back (the
+newest loan revoked) as soon as they do. Only whole requests borrow: a loan must be revocable."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def _policy(lend: bool) -> Policy:
     )
 
 
-def _offline() -> Ticket:
-    return ticket(cls="offline", tenant="batch", prompt=100)
+def _offline(*, stream: bool = False) -> Ticket:
+    return ticket(cls="offline", tenant="batch", prompt=100, stream=stream)
 
 
 async def test_offline_borrows_an_interactive_backend_only_when_allowed_and_never_ahead_of_its_owner() -> (
@@ -56,20 +57,60 @@ async def test_offline_borrows_an_interactive_backend_only_when_allowed_and_neve
     seventh = await spawn(off, _offline())  # i0 at 2/4: not below 0.5
     assert sixth.result().backend is i0 and not seventh.done() and i0.active == 2
 
-    chat = [await spawn(inter, ticket(prompt=100)) for _ in range(3)]
-    assert [t.done() for t in chat] == [True, True, False]  # loans hold 2 of 4 slots; the 3rd chat waits
+    chat = [await spawn(inter, ticket(prompt=100)) for _ in range(4)]
+    assert [t.done() for t in chat] == [True, True, False, False]  # loans hold 2 of 4 slots
     assert off.snapshot()["borrowed_in_flight"] == 2 and inter.snapshot()["lent_in_flight"] == 2
+    # the waiting chats want their slots back: the newest loan is revoked, one at a time
+    assert (loan.revoked, sixth.result().revoked) == (False, True)
+    revoked: list[str] = []
+    sixth.result().arm(lambda: revoked.append("sixth"))  # a revocation before the pipeline arms still acts
+    assert revoked == ["sixth"]
 
+    sixth.result().release(None, "revoked")  # the pipeline gave up the call: the slot goes to a chat
+    await asyncio.sleep(0)
+    assert chat[2].done() and not chat[3].done() and loan.revoked  # and the next loan is asked back
     loan.release(None, "ok")  # the freed slot goes to the waiting chat, not to the waiting offline request
     await asyncio.sleep(0)
-    assert chat[2].done() and not seventh.done() and (inter.lent, off.borrowed) == (1, 1)
+    assert chat[3].done() and not seventh.done() and (inter.lent, off.borrowed) == (0, 0)
 
     for t in chat:
-        t.result().release(None, "ok")  # i0: one loan of 4 → 0.25 < 0.5, nothing interactive waits
+        t.result().release(None, "ok")  # i0 idle, nothing interactive waits
     off.pump()
     await asyncio.sleep(0)
     assert seventh.result().backend is i0
-    for t in [*own, sixth, seventh]:
+    for t in [*own, seventh]:
         t.result().release(None, "ok")
     assert (i0.active, i0.outstanding_tokens, i0.reserved_kv_tokens, i0.bucket_active) == (0, 0, 0, {})
     assert (o0.active, inter.lent, off.borrowed, len(off.queue)) == (0, 0, 0, 0)
+
+
+async def test_streams_never_borrow_and_an_armed_loan_is_cancelled_only_until_disarmed() -> None:
+    clock = FakeClock()
+    i0 = BackendState(url="http://i0", pool="interactive")
+    o0 = BackendState(url="http://o0", pool="offline")
+    pol = _policy(lend=True)
+    inter = PoolScheduler("interactive", [i0], lambda: pol, clock=clock)
+    off = PoolScheduler("offline", [o0], lambda: pol, clock=clock)
+    inter.lend_to(off)
+    own = [await spawn(off, _offline()) for _ in range(4)]
+    stream = await spawn(off, _offline(stream=True))
+    whole = await spawn(off, _offline())
+    # the stream is first in line but cannot be taken back once started: the whole request behind it
+    # borrows, the stream waits for the offline pool's own backend
+    assert not stream.done() and whole.result().backend is i0 and i0.active == 1
+
+    calls: list[str] = []
+    lease = whole.result()
+    lease.arm(lambda: calls.append("cancel"))
+    lease.disarm()  # its answer is on the way to the client: too late to take it back
+    chat = [await spawn(inter, ticket(prompt=100)) for _ in range(4)]
+    assert [t.done() for t in chat] == [True, True, True, False] and lease.revoked and calls == []
+    lease.release(None, "ok")
+    await asyncio.sleep(0)
+    assert chat[3].done()
+    own[0].result().release(None, "ok")
+    await asyncio.sleep(0)
+    assert stream.result().backend is o0
+    for t in [*own[1:], stream, *chat]:
+        t.result().release(None, "ok")
+    assert (i0.active, o0.active, inter.lent, off.borrowed, inter._loans) == (0, 0, 0, 0, [])

@@ -21,6 +21,7 @@ import httpx
 import orjson
 import pytest
 from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.app import create_app
@@ -331,3 +332,55 @@ async def test_effective_priority_reaches_the_engine_only_where_the_pool_asks(st
                 assert resp.status_code == 200, resp.text
     assert [b.get("priority") for b in recorders[0].bodies] == [want for *_, want in sends]
     assert [("priority" in b) for b in recorders[1].bodies] == [False] * len(sends)
+
+
+def _loans_revoked(metrics_text: str) -> float:
+    """omnigate_loans_revoked_total{pool="offline"} (0 before the first revocation)."""
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == "omnigate_loans_revoked_total" and sample.labels == {"pool": "offline"}:
+                return sample.value
+    return 0.0
+
+
+async def test_loans_give_the_backend_back_when_interactive_requests_wait(stack: Stack) -> None:
+    """Offline whole requests fill their own backend and borrow every slot of the interactive one; two
+    interactive streams then arrive. Each revokes one loan (newest first, one at a time), runs at once
+    and finishes while every offline request is still generating; the revoked requests queue again and
+    still answer 200 — nothing is lost, and every counter returns to zero."""
+    lend = "budgets:\n  pools: {interactive: {lend: {enabled: true, max_load: 1.0}}}\n"
+    stack.policy.write_text(POLICY.replace("budgets:\n", lend))
+    inter, off = stack.sim(seed=8, time_scale=5).url, stack.sim(seed=9, time_scale=5).url
+    gw = stack.gateway([{"name": "interactive", "backends": [inter]}, {"name": "offline", "backends": [off]}])
+    await wait_ready(gw)
+    done: list[str] = []
+    offline_headers = {"x-omnigate-class": "offline"}
+    async with httpx.AsyncClient(timeout=60) as client:
+        before = _loans_revoked((await client.get(gw + "/metrics")).text)
+
+        async def offline(i: int) -> None:
+            body = chat(1500, stream=False)
+            resp = await client.post(gw + "/v1/chat/completions", json=body, headers=offline_headers)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["usage"]["completion_tokens"] == 1500
+            done.append(f"offline-{i}")
+
+        batch = [asyncio.create_task(offline(i)) for i in range(2 * LIMIT)]
+        for _ in range(400):  # until the loans hold every interactive slot, on the engines' own count
+            state = (await client.get(gw + "/admin/state", headers=ADMIN)).json()["pools"]
+            loads = (await sim_load(client, inter), await sim_load(client, off))
+            if state["interactive"]["lent_in_flight"] == LIMIT and loads == (LIMIT, LIMIT):
+                break
+            await asyncio.sleep(0.01)
+        assert loads == (LIMIT, LIMIT) and state["interactive"]["lent_in_flight"] == LIMIT
+
+        async def interactive(i: int) -> None:
+            await stream_all(client, gw, chat(8))
+            done.append(f"interactive-{i}")
+
+        await asyncio.wait_for(asyncio.gather(interactive(0), interactive(1)), 30)
+        assert done == ["interactive-0", "interactive-1"] or done == ["interactive-1", "interactive-0"]
+        await asyncio.wait_for(asyncio.gather(*batch), 60)
+        assert sorted(done[2:]) == [f"offline-{i}" for i in range(2 * LIMIT)]
+        assert _loans_revoked((await client.get(gw + "/metrics")).text) == before + 2
+        assert await gateway_idle(client, gw) == []

@@ -56,6 +56,7 @@ SNAPSHOT_HEADER = (
 UNREACHED = {
     "omnigate_tenant_store_errors": "needs the tenant store to be unreachable",
     "omnigate_client_disconnects": "the script has no disconnect (tests/gateway/test_proxy.py cuts streams)",
+    "omnigate_loans_revoked": "lending is off by default (test_admission_e2e.py revokes loans)",
 }
 FAST = 50.0  # sim time scale: virtual seconds per wall second
 
