@@ -22,6 +22,9 @@ Scenarios (each a flag-sized run; `--duration` is simulated seconds per run):
   requests together: one run's P99 is its third-worst request and swings ±30 % between seeds).
 - mixed: interactive (high priority) beside an offline flood in one pool; interactive attainment ≥ 99 %
   while offline uses ≥ 80 % of the capacity interactive leaves (capacity: an offline-only run).
+- lending: the same targets with separate pools — an offline pool of its own engines whose whole
+  requests borrow the interactive engines (lending on, `max_load` 1.0) and give them back when an
+  interactive request waits; capacity = the offline flood alone on both pools' engines.
 """
 
 from __future__ import annotations
@@ -100,21 +103,51 @@ class House:
 
     def __init__(self, procs: Procs, k: float, backends: int, policy: Policy) -> None:
         self.procs, self.k, self.policy = procs, k, policy
-        self.sims: list[str] = []
+        self.sims = [self._sim(f"sim{i}", i) for i in range(backends)]  # the interactive pool's
+        self.offline_sims: list[str] = []  # the offline pool's, started by the first scenario needing it
         self.started: dict[str, float] = {}
-        for i in range(backends):
-            port = free_port()
-            argv = [sys.executable, "-m", "loadtest.sim", "--host", "127.0.0.1", "--port", str(port)]
-            argv += ["--time-scale", repr(k), "--max-running-requests", "64", "--schedule-policy", "priority"]
-            procs.start(f"sim{i}", [*argv, "--seed", str(i)])
-            wait_http(port, "/health", 60, procs, f"sim{i}")
-            self.sims.append(f"http://127.0.0.1:{port}")
 
-    def gateway(self, name: str, controller: dict[str, Any]) -> str:
+    def _sim(self, name: str, seed: int) -> str:
+        port = free_port()
+        argv = [sys.executable, "-m", "loadtest.sim", "--host", "127.0.0.1", "--port", str(port)]
+        argv += [
+            "--time-scale",
+            repr(self.k),
+            "--max-running-requests",
+            "64",
+            "--schedule-policy",
+            "priority",
+        ]
+        self.procs.start(name, [*argv, "--seed", str(seed)])
+        wait_http(port, "/health", 60, self.procs, name)
+        return f"http://127.0.0.1:{port}"
+
+    def offline_pool(self, backends: int) -> list[str]:
+        """The offline pool's engines, started once."""
+        while len(self.offline_sims) < backends:
+            n = len(self.offline_sims)
+            self.offline_sims.append(self._sim(f"offline-sim{n}", 100 + n))
+        return self.offline_sims[:backends]
+
+    @property
+    def engines(self) -> list[str]:
+        return [*self.sims, *self.offline_sims]
+
+    def gateway(self, name: str, controller: dict[str, Any], lend: dict[str, Any] | None = None) -> str:
+        """A gateway whose interactive pool is `sims`; with `lend`, also an offline pool on `offline_sims`
+        and the interactive pool's `budgets.pools.interactive.lend` set to it."""
         port = free_port()
         work = self.procs.workdir
         policy = scaled_policy(self.policy, self.k, controller)
+        if lend is not None:
+            budgets = policy["budgets"]
+            own = {key: value for key, value in budgets.items() if key != "pools"}
+            budgets["pools"] = {"interactive": {**own, "lend": lend}}
         (work / f"{name}-policy.yaml").write_text(yaml.safe_dump(policy))
+        pool = {"models": [MODEL], "priority_scheduling": True, "health_interval_s": 0.25}
+        pools = [{"name": "interactive", "backends": self.sims, **pool}]
+        if lend is not None:
+            pools.append({"name": "offline", "backends": self.offline_sims, **pool})
         config = {
             "listen": {"host": "127.0.0.1", "port": port},
             "policy_path": str(work / f"{name}-policy.yaml"),
@@ -124,15 +157,7 @@ class House:
             "store": {"kind": "memory"},
             "access_log": False,
             "tenants": TENANTS,
-            "pools": [
-                {
-                    "name": "interactive",
-                    "models": [MODEL],
-                    "backends": self.sims,
-                    "priority_scheduling": True,
-                    "health_interval_s": 0.25,
-                }
-            ],
+            "pools": pools,
         }
         (work / f"{name}.yaml").write_bytes(orjson.dumps(config))
         argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / f"{name}.yaml")]
@@ -152,6 +177,13 @@ class House:
             snap = pool.json()["pools"]["interactive"]
             limits = [b["limit"] for b in snap["backends"]]
             print(f"  {name}: rejections {snap['rejections']}, final limits {limits}", flush=True)
+            revoked = [
+                line.rsplit(" ", 1)[1]
+                for line in httpx.get(url + "/metrics", timeout=5).text.splitlines()
+                if line.startswith('omnigate_loans_revoked_total{pool="offline"}')
+            ]
+            if revoked:
+                print(f"  {name}: loans revoked {float(revoked[0]):.0f}", flush=True)
         except (httpx.HTTPError, KeyError, ValueError) as e:
             print(f"  {name}: no state ({e})", flush=True)
         proc = self.procs.procs.pop(name)
@@ -163,7 +195,7 @@ class House:
         async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                loads = [(await client.get(s + "/v1/loads")).json()["loads"][0] for s in self.sims]
+                loads = [(await client.get(s + "/v1/loads")).json()["loads"][0] for s in self.engines]
                 if all(ld["num_running_reqs"] + ld["num_waiting_reqs"] == 0 for ld in loads):
                     return
                 await asyncio.sleep(0.2)
@@ -173,7 +205,7 @@ class House:
         """Σ `sglang:generation_tokens_total` over the engines (their own count, cut streams included)."""
         total = 0.0
         async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
-            for s in self.sims:
+            for s in self.engines:
                 for line in (await client.get(s + "/metrics")).text.splitlines():
                     if line.startswith("sglang:generation_tokens_total"):
                         total += float(line.rsplit(" ", 1)[1])
@@ -221,7 +253,7 @@ async def run(house: House, url: str, streams: list[Stream]) -> float:
     window = asyncio.create_task(asyncio.sleep(max(s.workload.duration for s in streams) / house.k))
 
     async def one(s: Stream) -> None:
-        opts = RunOptions(url=url, workload=s.workload, scrape_targets=house.sims, scrape_interval=0.25)
+        opts = RunOptions(url=url, workload=s.workload, scrape_targets=house.engines, scrape_interval=0.25)
         records, samples = await execute(opts)
         s.records, s.result = records, build_result(records, samples, opts)
         print(f"  {s.label}: failures {s.result['summary']['error_codes']}", flush=True)
@@ -386,8 +418,10 @@ async def compare(house: House, args: argparse.Namespace, mix: str) -> list[str]
     return lines
 
 
-async def gateway_run(house: House, name: str, streams: list[Stream]) -> float:
-    gw = house.gateway(name, {})
+async def gateway_run(
+    house: House, name: str, streams: list[Stream], lend: dict[str, Any] | None = None
+) -> float:
+    gw = house.gateway(name, {}, lend)
     try:
         return await run(house, gw, streams)
     finally:
@@ -468,11 +502,36 @@ async def tenants(house: House, args: argparse.Namespace) -> list[str]:
 
 
 async def mixed(house: House, args: argparse.Namespace) -> list[str]:
+    title = "mixed — interactive (high priority) beside an offline flood, one pool"
+    return await beside_offline(house, args, "mixed", title, lend=None)
+
+
+async def lending(house: House, args: argparse.Namespace) -> list[str]:
+    """The issue's layout: an offline pool of its own (as many engines as the interactive pool) whose
+    whole requests borrow the interactive engines below `--lend-max-load` and give them back as soon as
+    an interactive request waits (loans revoked). The capacity is measured with lending at any load
+    (`max_load` 1.0): every engine of the house."""
+    house.offline_pool(len(house.sims))
+    title = (
+        "lending — separate pools; offline borrows the interactive engines below load "
+        f"{args.lend_max_load:g} and gives them back"
+    )
+    lend = {"enabled": True, "max_load": args.lend_max_load}
+    return await beside_offline(house, args, "lending", title, lend=lend)
+
+
+async def beside_offline(
+    house: House, args: argparse.Namespace, name: str, title: str, lend: dict[str, Any] | None
+) -> list[str]:
+    """An offline flood alone (its engine tokens/s = the capacity), then with an interactive stream:
+    interactive attainment, and how much of what interactive leaves the offline flood uses. With `lend`,
+    offline has its own pool and sends whole answers (only those borrow); alone it borrows at any load."""
     cap = args.capacity * len(house.sims)
+    engines = len(house.sims) + (len(house.offline_sims) if lend is not None else 0)
 
     def batch() -> Stream:
         return Stream(
-            "offline flood",
+            "offline flood" + (" (whole answers)" if lend is not None else ""),
             workload(
                 args,
                 "batch",
@@ -480,12 +539,14 @@ async def mixed(house: House, args: argparse.Namespace) -> list[str]:
                 seed=45,
                 classes=[{"name": "offline"}],
                 priorities=[{"value": 0}],
-                **{"arrivals.rate": 2 * cap, "slo": {}},
+                stream=lend is None,
+                **{"arrivals.rate": 2 * args.capacity * engines, "slo": {}},
             ),
         )
 
     alone = batch()
-    capacity = await gateway_run(house, "gw-offline", [alone])
+    full = None if lend is None else {**lend, "max_load": 1.0}
+    capacity = await gateway_run(house, f"gw-{name}-offline", [alone], full)
     chat = Stream(
         "interactive",
         workload(
@@ -501,7 +562,7 @@ async def mixed(house: House, args: argparse.Namespace) -> list[str]:
         ),
     )
     shared = batch()
-    total = await gateway_run(house, "gw-mixed", [chat, shared])
+    total = await gateway_run(house, f"gw-{name}", [chat, shared], lend)
     assert chat.records is not None
     chat_rate = summarize(
         [r.scaled(args.time_scale) for r in chat.records if r.phase == "measured"], chat.workload.slo
@@ -509,10 +570,11 @@ async def mixed(house: House, args: argparse.Namespace) -> list[str]:
     left = capacity - chat_rate
     used = (total - chat_rate) / left if left > 0 else 0.0
     att = (chat.result or {})["summary"]["slo_attainment"]
-    out = ["\n### mixed — interactive (high priority) beside an offline flood, one pool\n", HEADER]
-    out += [row("offline alone", alone), row("mixed", chat), row("mixed", shared), ""]
+    out = [f"\n### {title}\n", HEADER]
+    out += [row("offline alone", alone), row(name, chat), row(name, shared), ""]
     out.append(
-        f"engine tokens/s: offline alone {capacity:.0f}, mixed total {total:.0f}, interactive {chat_rate:.0f}"
+        f"engine tokens/s: offline alone {capacity:.0f}, {name} total {total:.0f}, "
+        f"interactive {chat_rate:.0f}"
     )
     out.append(verdict("interactive SLO attainment ≥ 99 %", att >= 0.99, f"{att:.1%}"))
     out.append(
@@ -542,9 +604,8 @@ async def main_async(args: argparse.Namespace) -> None:
                     for mix in args.workloads:
                         report += await compare(house, args, mix)
                 else:
-                    report += await {"flood": flood, "tenants": tenants, "mixed": mixed}[scenario](
-                        house, args
-                    )
+                    scenarios = {"flood": flood, "tenants": tenants, "mixed": mixed, "lending": lending}
+                    report += await scenarios[scenario](house, args)
             print("\n".join(report))
             print(
                 f"\nwall time {time.monotonic() - started:.0f} s, time scale {args.time_scale:g}, "
@@ -560,7 +621,9 @@ def _list(kind: type) -> Any:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenarios", type=_list(str), default=["compare", "flood", "tenants", "mixed"])
+    ap.add_argument(
+        "--scenarios", type=_list(str), default=["compare", "flood", "tenants", "mixed", "lending"]
+    )
     ap.add_argument(
         "--workloads", type=_list(str), default=["seed", "text", "multi"], help="of: " + ",".join(MIXES)
     )
@@ -586,6 +649,12 @@ def main() -> None:
     ap.add_argument("--backends", type=int, default=1)
     ap.add_argument(
         "--policy", type=Path, default=ROOT / "policies" / "default.yaml", help="policy to time-scale"
+    )
+    ap.add_argument(
+        "--lend-max-load",
+        type=float,
+        default=0.5,
+        help="the lending scenario's lend.max_load (the policy default 0.5): loans start only below it",
     )
     ap.add_argument(
         "--no-bucket-caps",

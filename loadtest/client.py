@@ -1,8 +1,9 @@
-"""One streaming chat completion, measured the way vLLM's bench serve measures it.
+"""One chat completion, measured the way vLLM's bench serve measures it.
 
 TTFT is taken at the first chunk carrying non-empty content (SGLang's opening role-only chunk with
 content "" is not a token), every later content chunk adds one ITL gap, E2E ends at the stream's last
 byte, and output tokens are the server's usage count (chunk count only if the server sent no usage).
+A whole (non-streamed) answer has its first token when it all arrives: TTFT = E2E, no ITL.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ async def _read_stream(resp: Response, rec: RequestRecord, t_sent: float) -> Non
         rec.error = error_code(resp.status, await resp.read())
         rec.e2e = time.perf_counter() - t_sent
         return
+    if not resp.headers.get("content-type", "").startswith("text/event-stream"):
+        _read_whole(await resp.read(), rec, time.perf_counter() - t_sent)
+        return
     buf = b""
     content_chunks = 0
     usage_tokens: int | None = None
@@ -99,6 +103,14 @@ async def _read_stream(resp: Response, rec: RequestRecord, t_sent: float) -> Non
                     rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
     rec.e2e = time.perf_counter() - t_sent
     rec.output_tokens = usage_tokens if usage_tokens is not None else content_chunks
+
+
+def _read_whole(body: bytes, rec: RequestRecord, now: float) -> None:
+    msg = orjson.loads(body)
+    usage = msg.get("usage") or {}
+    rec.ttft = rec.e2e = now
+    rec.output_tokens = int(usage.get("completion_tokens") or 0)
+    rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
 
 
 async def send(

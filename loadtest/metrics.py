@@ -43,7 +43,8 @@ def stats(values: list[float]) -> dict[str, float] | None:
 
 
 def tpot(rec: RequestRecord) -> float | None:
-    if not rec.ok or rec.ttft is None or rec.e2e is None or rec.output_tokens <= 1:
+    """Seconds per output token after the first; None for a whole answer (every token came at once)."""
+    if not rec.ok or rec.ttft is None or rec.e2e is None or rec.output_tokens <= 1 or rec.ttft == rec.e2e:
         return None
     return (rec.e2e - rec.ttft) / (rec.output_tokens - 1)
 

@@ -157,6 +157,10 @@ class Workload(_Strict):
     priorities: list[PriorityShare] = Field(default_factory=list)
     classes: list[Share] = Field(default_factory=list)
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    stream: bool = Field(
+        default=True,
+        description="Stream the answers (TTFT, ITL) or ask for whole ones, as batch clients do (TTFT = E2E).",
+    )
     buckets: dict[str, BucketSpec] = Field(
         default_factory=dict, description="Per-bucket max_tokens and body fields over the defaults."
     )
@@ -340,8 +344,8 @@ class RequestFactory:
             "model": w.model,
             "messages": [{"role": "user", "content": self._parts(bucket)}],
             "max_tokens": output.sample(rng),
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": w.stream,
+            **({"stream_options": {"include_usage": True}} if w.stream else {}),
             **w.extra_body,
             **(spec.extra_body if spec is not None else {}),
         }

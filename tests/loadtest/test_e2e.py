@@ -156,6 +156,33 @@ async def test_run_against_the_simulator(tmp_path: Path) -> None:
     assert res["backend"]["running"] is not None
 
 
+async def test_whole_answers_count_their_tokens_and_have_ttft_equal_to_e2e(tmp_path: Path) -> None:
+    """`stream: false` (batch clients): the body asks for a whole answer, its usage gives the tokens,
+    and the first token is when the answer arrives — there is no inter-token gap to measure."""
+    w = load_workload(
+        None,
+        {
+            "count": 6,
+            "arrivals.rate": 20,
+            "warmup.duration": 0,
+            "time_scale": 20,
+            "stream": False,
+            "output_tokens": {"dist": "fixed", "value": 8},
+            "model": "Qwen/Qwen2.5-Omni-7B",
+            "extra_body": {"ignore_eos": True},
+        },
+    )
+    with serve(create_app(SimConfig(time_scale=20))) as srv:
+        opts = RunOptions(url=srv.url, workload=w, cache_dir=tmp_path)
+        records, _ = await execute(opts)
+    measured = [r for r in records if r.phase == "measured"]
+    assert len(measured) == 6 and all(r.ok for r in measured), [r.error for r in measured]
+    assert [r.output_tokens for r in measured] == [8] * 6 and all(r.prompt_tokens > 0 for r in measured)
+    assert all(r.ttft == r.e2e and r.chunk_times == [] for r in measured)
+    summary = build_result(records, [], opts)["summary"]
+    assert summary["total_output_tokens"] == 48 and summary["tpot_ms"] is None
+
+
 def test_cli_run_writes_reports_and_compare(tmp_path: Path, capsys: object) -> None:
     with serve(sse_app()) as srv:
         argv = [
