@@ -442,12 +442,13 @@ class PoolScheduler:
         prompt = (
             usage.prompt_tokens if usage is not None and usage.prompt_tokens else ticket.cost.prompt_tokens
         )
+        # the engine that did the work learns from it: a loan's samples go to the lender's rate and limit
         if outcome == "ok" and ttft_s is not None:
-            self.observe_prefill(prompt, ttft_s)
-        limit = self.limits.get(backend.url)
+            owner.observe_prefill(prompt, ttft_s)
+        limit = owner.limits.get(backend.url)
         if limit is not None and (outcome == "ok" or outcome in DROP_OUTCOMES):
-            shared = None if entry.slo.tpot_p99_s is not None else self._batch_tpot_target(backend)
-            ratio = latency_ratio(entry.slo, ttft_s, tpot_s, prompt / self.rate.at(self.clock()), shared)
+            shared = None if entry.slo.tpot_p99_s is not None else owner._batch_tpot_target(backend)
+            ratio = latency_ratio(entry.slo, ttft_s, tpot_s, prompt / owner.rate.at(self.clock()), shared)
             limit.update(Sample(self.clock(), in_flight, ratio, dropped=outcome in DROP_OUTCOMES))
             backend.concurrency_limit = limit.limit
         self.pump()

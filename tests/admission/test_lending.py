@@ -114,3 +114,33 @@ async def test_streams_never_borrow_and_an_armed_loan_is_cancelled_only_until_di
     for t in [*own[1:], stream, *chat]:
         t.result().release(None, "ok")
     assert (i0.active, o0.active, inter.lent, off.borrowed, inter._loans) == (0, 0, 0, 0, [])
+
+
+async def test_a_loan_teaches_the_lenders_limit_and_prefill_rate_not_the_borrowers() -> None:
+    """A loan ran on the lender's engine: its drop lowers that backend's limit (the lender's), and its
+    prefill is a sample of the lender's rate; the borrower's own limits and rate do not move."""
+    clock = FakeClock()
+    i0 = BackendState(url="http://i0", pool="interactive")
+    o0 = BackendState(url="http://o0", pool="offline")
+    pol = policy(
+        controller={"algorithm": "aimd", "initial": 4, "min": 1, "max": 8, "backoff": 0.5},
+        queue={"priorities": {"reserve_fraction": 0}, "prefill_rate_min_samples": 1},
+        fairness={"reserve_fraction": 0},
+        window={"enabled": False},
+        budgets={"pools": {"interactive": {"lend": {"enabled": True, "max_load": 1.0}}}},
+    )
+    inter = PoolScheduler("interactive", [i0], lambda: pol, clock=clock)
+    off = PoolScheduler("offline", [o0], lambda: pol, clock=clock)
+    inter.lend_to(off)
+    own = [await spawn(off, _offline()) for _ in range(4)]
+    loans = [
+        await spawn(off, ticket(cls="offline", tenant="batch", prompt=2000, stream=False)) for _ in range(2)
+    ]
+    assert [t.result().backend for t in loans] == [i0, i0]
+    prior = off.rate.at(clock())
+    loans[0].result().release(None, "ok", ttft_s=0.1)  # 2000 tokens in 0.1 s: 20 000 tokens/s
+    assert inter.rate.at(clock()) == 20_000 and off.rate.at(clock()) == prior
+    loans[1].result().release(None, "overloaded")
+    assert (inter.limits["http://i0"].limit, off.limits["http://o0"].limit) == (2, 4)
+    for t in own:
+        t.result().release(None, "ok")
