@@ -72,6 +72,7 @@ class PoolScheduler:
         self._wake = anyio.Event()
         self._lender: PoolScheduler | None = None
         self._top_seen = -math.inf  # when a top-band request last arrived (the band reserve's hold)
+        self._metered: tuple[PoolBudgets, int, PoolBudgets] | None = None  # (budgets, tokens, their copy)
         self._loans: list[Lease] = []  # another pool's requests on our backends, oldest first
         self.lent = 0  # this pool's backends running another pool's requests
         self.borrowed = 0  # this pool's requests running on a lender's backends
@@ -268,7 +269,11 @@ class PoolScheduler:
         metered = int(fraction * self.rate.at(now) * budgets.round_s)
         if metered >= budgets.prefill_tokens_per_round:
             return budgets
-        return budgets.model_copy(update={"prefill_tokens_per_round": max(1, metered)})
+        key = (budgets, max(1, metered))
+        if self._metered is None or self._metered[0] is not budgets or self._metered[1] != key[1]:
+            # a pydantic copy per decision was a tenth of the admission path's CPU: one per change
+            self._metered = (*key, budgets.model_copy(update={"prefill_tokens_per_round": key[1]}))
+        return self._metered[2]
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -340,8 +345,13 @@ class PoolScheduler:
     def _sync_limits(self, policy: Policy) -> None:
         for b in self.backends:
             current = self.limits.get(b.url)
-            if current is None or current.policy != policy.controller:
-                start = None if current is None else current.limit
+            if current is not None and current.policy is not policy.controller:
+                if current.policy == policy.controller:  # a reload that left the controller alone
+                    current.policy = policy.controller  # (compare by identity from now on: cheaper)
+                else:
+                    current = None
+            if current is None:
+                start = None if b.url not in self.limits else self.limits[b.url].limit
                 self.limits[b.url] = current = make_limit(policy.controller, start)
             b.concurrency_limit = current.limit
 
