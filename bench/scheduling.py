@@ -553,7 +553,9 @@ async def beside_offline(
             args,
             "chat",
             api_key="sk-chat",
-            priorities=[{"value": 10}],
+            # one pool: the top band is what protects interactive; separate pools: the pools do (and
+            # loans given back), so interactive keeps the default priority and no band reserve is held
+            priorities=[{"value": 10 if lend is None else 5}],
             classes=[{"name": "interactive"}],
             # long enough for its longest answers (4096 tokens at ~40 ms) to finish: cut off by the
             # drain they would count as failures of the gateway, which sent them on time

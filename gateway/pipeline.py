@@ -40,6 +40,25 @@ _SSE_HEADERS = [
 ]
 
 
+def engine_latencies(ticket: Ticket) -> tuple[float | None, float | None]:
+    """(TTFT from dispatch, TPOT) for the concurrency controller and the prefill-rate estimate. A whole
+    (non-streamed) answer shows no first token — it all arrives at once — so it gives no TTFT (taking
+    the whole generation for one would read as a huge prefill and a missed TTFT SLO, and shrink the
+    limit to its minimum under non-streaming traffic) and, as its TPOT, the time from dispatch per output
+    token: an upper bound (prefill and engine queueing included) that still rises with the batch."""
+    dispatched, tokens = ticket.dispatched_at, ticket.usage.completion_tokens if ticket.usage else 0
+    if not ticket.stream:
+        done = ticket.finished_at
+        whole = (
+            (done - dispatched) / tokens if done is not None and dispatched is not None and tokens else None
+        )
+        return None, whole
+    ttft = None
+    if ticket.first_token_at is not None and dispatched is not None:
+        ttft = ticket.first_token_at - dispatched
+    return ttft, latencies(ticket).tpot
+
+
 class Exchange:
     """One client exchange: tracks whether headers went out and whether the client left."""
 
@@ -137,13 +156,8 @@ class CompletionEndpoint:
 
     def _release(self, ticket: Ticket, lease: Lease) -> None:
         """Return the backend's budgets; the lease feeds the controller and the prefill-rate estimate."""
-        lat = latencies(ticket)
-        ttft_dispatch = None
-        if ticket.first_token_at is not None and ticket.dispatched_at is not None:
-            ttft_dispatch = ticket.first_token_at - ticket.dispatched_at
-        lease.release(
-            ticket.usage, "ok" if ticket.outcome == "ok" else ticket.outcome, ttft_dispatch, lat.tpot
-        )
+        ttft, tpot = engine_latencies(ticket)
+        lease.release(ticket.usage, "ok" if ticket.outcome == "ok" else ticket.outcome, ttft, tpot)
 
     async def _open(
         self, ticket: Ticket, pool: Pool, body: dict[str, Any], headers: dict[str, str], policy: Any

@@ -45,8 +45,8 @@ def latencies(t: Ticket) -> Latencies:
     e2e = t.finished_at - t.arrival if t.finished_at is not None else None
     tpot = None
     tokens = t.usage.completion_tokens if t.usage is not None else 0
-    if t.first_token_at is not None and t.finished_at is not None and tokens > 1:
-        tpot = (t.finished_at - t.first_token_at) / (tokens - 1)
+    if t.stream and t.first_token_at is not None and t.finished_at is not None and tokens > 1:
+        tpot = (t.finished_at - t.first_token_at) / (tokens - 1)  # a whole answer has no token gaps
     return Latencies(ttft, tpot, e2e)
 
 

@@ -9,6 +9,8 @@ import pytest
 from gateway.admission.limits import AIMDLimit, FixedLimit, GradientLimit, Sample, latency_ratio, make_limit
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import ControllerPolicy, SLOClass
+from gateway.pipeline import engine_latencies
+from gateway.ticket import Usage
 from tests.admission.helpers import FakeClock, backends, policy, ticket
 
 
@@ -104,6 +106,32 @@ async def test_an_offline_sample_beside_interactive_requests_counts_against_thei
     assert s.limits["http://b0"].limit == 8
     batch[1].release(None, "ok", tpot_s=0.07)  # offline alone: no target, no miss (3 < 8 / 2: no growth)
     assert s.limits["http://b0"].limit == 8
+
+
+async def test_a_whole_answer_feeds_the_limit_its_per_token_time_not_its_length_as_a_first_token() -> None:
+    """Non-streamed answers show no first token: taking the whole 8 s generation for one read as a 4× TTFT
+    miss and halved the limit on every completion of non-streaming traffic. `engine_latencies` gives no
+    TTFT and the time per output token instead, which judges the batch like a stream's TPOT."""
+    clock = FakeClock()
+    pol = policy(controller={"algorithm": "aimd", "initial": 8, "min": 1, "max": 8, "cooldown_s": 0})
+    s = PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
+    leases = [await s.acquire(ticket(prompt=100, stream=False)) for _ in range(6)]
+    for i, (lease, seconds) in enumerate(zip(leases, (8.0, 8.0, 32.0), strict=False)):
+        t = lease.ticket
+        t.dispatched_at, t.finished_at, t.usage = 0.0, seconds, Usage(100, 400)
+        assert engine_latencies(t) == (None, seconds / 400)
+        lease.release(t.usage, "ok", *engine_latencies(t))
+        assert s.limits["http://b0"].limit == [8, 8, 7][i]  # 20 ms per token is fine; 80 ms misses 60
+    for lease in leases[3:]:
+        lease.release(None, "ok")
+
+
+def test_engine_latencies_of_a_stream_are_measured_from_dispatch() -> None:
+    t = ticket(prompt=100)
+    t.dispatched_at, t.first_token_at, t.finished_at, t.usage = 1.0, 1.5, 5.5, Usage(100, 401)
+    assert engine_latencies(t) == (0.5, 0.01)
+    t.usage = None  # cut before any usage: no TPOT
+    assert engine_latencies(t) == (0.5, None)
 
 
 def test_policy_rejects_unordered_bounds() -> None:
