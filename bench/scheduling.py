@@ -101,8 +101,11 @@ def scaled_policy(base: Policy, k: float, controller: dict[str, Any]) -> dict[st
 class House:
     """The simulated engines (started once) and one gateway at a time in front of them."""
 
-    def __init__(self, procs: Procs, k: float, backends: int, policy: Policy) -> None:
+    def __init__(
+        self, procs: Procs, k: float, backends: int, policy: Policy, engine_args: list[str] | None = None
+    ) -> None:
         self.procs, self.k, self.policy = procs, k, policy
+        self.engine_args = engine_args or []  # extra `loadtest.sim` flags for every engine
         self.sims = [self._sim(f"sim{i}", i) for i in range(backends)]  # the interactive pool's
         self.offline_sims: list[str] = []  # the offline pool's, started by the first scenario needing it
         self.started: dict[str, float] = {}
@@ -110,14 +113,8 @@ class House:
     def _sim(self, name: str, seed: int) -> str:
         port = free_port()
         argv = [sys.executable, "-m", "loadtest.sim", "--host", "127.0.0.1", "--port", str(port)]
-        argv += [
-            "--time-scale",
-            repr(self.k),
-            "--max-running-requests",
-            "64",
-            "--schedule-policy",
-            "priority",
-        ]
+        argv += ["--time-scale", repr(self.k), "--max-running-requests", "64"]
+        argv += ["--schedule-policy", "priority", *self.engine_args]
         self.procs.start(name, [*argv, "--seed", str(seed)])
         wait_http(port, "/health", 60, self.procs, name)
         return f"http://127.0.0.1:{port}"
@@ -598,7 +595,9 @@ async def main_async(args: argparse.Namespace) -> None:
                 policy = policy.model_copy(
                     update={"budgets": policy.budgets.model_copy(update={"bucket_caps": {}})}
                 )
-            house = House(procs, args.time_scale, args.backends, policy)
+            chunk = args.chunked_prefill_size
+            engine_args = [] if chunk is None else ["--chunked-prefill-size", str(chunk)]
+            house = House(procs, args.time_scale, args.backends, policy, engine_args)
             report: list[str] = []
             started = time.monotonic()
             for scenario in args.scenarios:
@@ -657,6 +656,12 @@ def main() -> None:
         type=float,
         default=0.5,
         help="the lending scenario's lend.max_load (the policy default 0.5): loans start only below it",
+    )
+    ap.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=None,
+        help="the engines' chunked prefill size (the sim's default: 8192, SGLang's on an A100-80G)",
     )
     ap.add_argument(
         "--no-bucket-caps",
