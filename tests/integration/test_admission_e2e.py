@@ -384,3 +384,42 @@ async def test_loans_give_the_backend_back_when_interactive_requests_wait(stack:
         assert sorted(done[2:]) == [f"offline-{i}" for i in range(2 * LIMIT)]
         assert _loans_revoked((await client.get(gw + "/metrics")).text) == before + 2
         assert await gateway_idle(client, gw) == []
+
+
+async def test_lending_with_clients_leaving_and_loans_revoked_leaves_nothing_held(stack: Stack) -> None:
+    """Chaos on the lending path: two offline clients go away mid-generation (on whichever backend they
+    run), then three interactive streams take the interactive backend back. Every interactive stream and
+    every remaining offline request completes, and the gateway's and both engines' counters return to 0."""
+    lend = "budgets:\n  pools: {interactive: {lend: {enabled: true, max_load: 1.0}}}\n"
+    stack.policy.write_text(POLICY.replace("budgets:\n", lend))
+    inter, off = stack.sim(seed=10, time_scale=5).url, stack.sim(seed=11, time_scale=5).url
+    gw = stack.gateway([{"name": "interactive", "backends": [inter]}, {"name": "offline", "backends": [off]}])
+    await wait_ready(gw)
+    offline_headers = {"x-omnigate-class": "offline"}
+
+    async def offline() -> int:
+        async with httpx.AsyncClient(timeout=60) as own:  # its own connection: cancelling closes it
+            resp = await own.post(
+                gw + "/v1/chat/completions", json=chat(1500, stream=False), headers=offline_headers
+            )
+            return resp.status_code
+
+    batch = [asyncio.create_task(offline()) for _ in range(2 * LIMIT)]
+    async with httpx.AsyncClient(timeout=60) as client:
+        for _ in range(400):
+            lent = (await client.get(gw + "/admin/state", headers=ADMIN)).json()["pools"]["interactive"]
+            if lent["lent_in_flight"] == LIMIT:
+                break
+            await asyncio.sleep(0.01)
+        assert lent["lent_in_flight"] == LIMIT
+        for task in batch[-2:]:
+            task.cancel()
+        await asyncio.wait_for(asyncio.gather(*(stream_all(client, gw, chat(8)) for _ in range(3))), 30)
+        assert not any(t.done() for t in batch[:-2])  # the interactive streams did not wait for them
+        assert await asyncio.wait_for(asyncio.gather(*batch[:-2]), 60) == [200] * (2 * LIMIT - 2)
+        for _ in range(400):
+            if await gateway_idle(client, gw) == [] and await sim_load(client, inter) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert await gateway_idle(client, gw) == []
+        assert (await sim_load(client, inter), await sim_load(client, off)) == (0, 0)
