@@ -6,7 +6,7 @@ Sections with a `pools` map hold per-pool overrides of the section's own default
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -154,7 +154,25 @@ class PoolBudgets(_Strict):
 
 
 class BudgetPolicy(PoolBudgets):
-    pools: dict[str, PoolBudgets] = Field(default_factory=dict)
+    pools: dict[str, PoolBudgets] = Field(
+        default_factory=dict,
+        description="Per-pool overrides: each names only what differs; the rest is the budgets above.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inherit(cls, data: Any) -> Any:
+        """Fill each pool's override from the top-level budgets (a key it names replaces the whole value:
+        `bucket_caps` given is the pool's whole map). Without this, `pools: {interactive: {lend: …}}`
+        silently reset that pool's other budgets to the code defaults (adaptive metering off)."""
+        if not isinstance(data, dict) or not isinstance(data.get("pools"), dict):
+            return data
+        base = {key: value for key, value in data.items() if key != "pools"}
+        pools = {
+            name: {**base, **override} if isinstance(override, dict) else override
+            for name, override in data["pools"].items()
+        }
+        return {**data, "pools": pools}
 
     def for_pool(self, pool: str) -> PoolBudgets:
         return self.pools.get(pool) or self

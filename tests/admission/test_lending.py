@@ -144,3 +144,26 @@ async def test_a_loan_teaches_the_lenders_limit_and_prefill_rate_not_the_borrowe
     assert (inter.limits["http://i0"].limit, off.limits["http://o0"].limit) == (2, 4)
     for t in own:
         t.result().release(None, "ok")
+
+
+def test_a_pool_override_names_only_what_differs_the_rest_is_the_top_level_budgets() -> None:
+    pol = policy(
+        budgets={
+            "prefill_rate_fraction": 1.0,
+            "bucket_caps": {"multi_image": 4},
+            "pools": {
+                "interactive": {"lend": {"enabled": True}},
+                "offline": {"bucket_caps": {"single_image": 2}, "kv_watermark": 0.7},
+            },
+        }
+    )
+    inter, off, other = (pol.budgets.for_pool(p) for p in ("interactive", "offline", "batch"))
+    assert (inter.lend.enabled, inter.prefill_rate_fraction, inter.bucket_caps) == (
+        True,
+        1.0,
+        {"multi_image": 4},
+    )
+    assert (off.lend.enabled, off.prefill_rate_fraction, off.kv_watermark) == (False, 1.0, 0.7)
+    assert off.bucket_caps == {"single_image": 2}  # a map named in the override is the pool's whole map
+    assert other is pol.budgets
+    assert type(pol).model_validate(pol.model_dump()).budgets == pol.budgets  # a dump reloads as itself
