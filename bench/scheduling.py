@@ -263,12 +263,17 @@ async def run(house: House, url: str, streams: list[Stream]) -> float:
     return tokens / max(s.workload.duration for s in streams)
 
 
+def measured(s: Stream) -> list[RequestRecord]:
+    """The stream's records after its warm-up, in the simulated engine's time."""
+    return [r.scaled(s.workload.time_scale) for r in s.records or [] if r.phase == "measured"]
+
+
 def peak_goodput(s: Stream) -> float:
     """Goodput of the requests sent in the top half of the sawtooth (offered rate ≥ the mid rate)."""
     w = s.workload
     shape = w.arrivals.build(w.duration)
     mid = (w.arrivals.low + w.arrivals.high) / 2
-    recs = [r.scaled(w.time_scale) for r in s.records or [] if r.phase == "measured"]
+    recs = measured(s)
     if not recs:
         return 0.0
     t0 = min(r.scheduled for r in recs)
@@ -311,10 +316,9 @@ def where_ttft_goes(alone: Stream, shared: Stream) -> str:
     """Where the shared run's extra TTFT comes from. The two runs send the same requests at the same
     times (same seed), so each request is paired with itself: TTFT − gateway queue time is the engine's
     part (and the network's); beside − alone per pair, p50/p90/p99. Plus TTFT P99 per bucket."""
-    k = shared.workload.time_scale
 
     def done(s: Stream) -> dict[float, RequestRecord]:
-        return {round(r.scheduled, 6): r.scaled(k) for r in s.records or [] if r.phase == "measured" and r.ok}
+        return {round(r.scheduled, 6): r for r in measured(s) if r.ok}
 
     a, b = done(alone), done(shared)
     pairs = [(a[t], b[t]) for t in a.keys() & b.keys() if a[t].ttft is not None and b[t].ttft is not None]
@@ -346,8 +350,7 @@ def verdict(name: str, ok: bool, detail: str) -> str:
 
 def ttfts_ms(s: Stream) -> list[float]:
     """TTFT of the stream's completed measured requests, simulated ms."""
-    done = [r for r in s.records or [] if r.phase == "measured" and r.ok]
-    return [1000 * r.ttft * s.workload.time_scale for r in done if r.ttft is not None]
+    return [1000 * r.ttft for r in measured(s) if r.ok and r.ttft is not None]
 
 
 def ttft_p99(s: Stream) -> float:
@@ -562,10 +565,7 @@ async def beside_offline(
     )
     shared = batch()
     total = await gateway_run(house, f"gw-{name}", [chat, shared], lend)
-    assert chat.records is not None
-    chat_rate = summarize(
-        [r.scaled(args.time_scale) for r in chat.records if r.phase == "measured"], chat.workload.slo
-    )["output_throughput"]
+    chat_rate = summarize(measured(chat), chat.workload.slo)["output_throughput"]
     left = capacity - chat_rate
     used = (total - chat_rate) / left if left > 0 else 0.0
     att = (chat.result or {})["summary"]["slo_attainment"]

@@ -8,6 +8,7 @@ line; the `finally` releases whatever the request held.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,9 @@ _SSE_HEADERS = [
 ]
 
 
+_NOT_REVOCABLE = contextlib.nullcontext()
+
+
 def engine_latencies(ticket: Ticket) -> tuple[float | None, float | None]:
     """(TTFT from dispatch, TPOT) for the concurrency controller and the prefill-rate estimate. A whole
     (non-streamed) answer shows no first token — it all arrives at once — so it gives no TTFT (taking
@@ -49,10 +53,9 @@ def engine_latencies(ticket: Ticket) -> tuple[float | None, float | None]:
     dispatched, tokens = ticket.dispatched_at, ticket.usage.completion_tokens if ticket.usage else 0
     if not ticket.stream:
         done = ticket.finished_at
-        whole = (
-            (done - dispatched) / tokens if done is not None and dispatched is not None and tokens else None
-        )
-        return None, whole
+        if done is None or dispatched is None or not tokens:
+            return None, None
+        return None, (done - dispatched) / tokens
     ttft = None
     if ticket.first_token_at is not None and dispatched is not None:
         ttft = ticket.first_token_at - dispatched
@@ -179,11 +182,13 @@ class CompletionEndpoint:
             ticket.dispatched_at = self.gw.clock()
             record.record_dispatch(ticket)
             assert owner.client is not None
-            revocable = anyio.CancelScope()
-            if lease.loan:  # only whole requests borrow: nothing reaches the client before the answer
+            # only loans are revocable (and only whole requests borrow: nothing reaches the client
+            # before the answer); other requests pay no cancel scope for it
+            revocable = anyio.CancelScope() if lease.loan else None
+            if revocable is not None:
                 lease.arm(revocable.cancel)
             try:
-                with revocable:
+                with revocable or _NOT_REVOCABLE:
                     upstream = await open_upstream(
                         owner.client,
                         backend.url + self.path,
@@ -221,7 +226,8 @@ class CompletionEndpoint:
                 raise
             finally:
                 lease.disarm()
-            if revocable.cancelled_caught:  # the lender's own requests wait: queue again in our pool
+            if revocable is not None and revocable.cancelled_caught:
+                # the lender's own requests wait for the backend: queue again in our own pool
                 lease.release(Usage(0, 0), "revoked")
                 metrics.LOANS_REVOKED.labels(pool.name).inc()
                 log.info("request %s: loan of %s revoked; queued again", ticket.id, ticket.backend)

@@ -172,12 +172,12 @@ class Dispatcher:
         under its share (queue.py serves those first in their band)."""
         return ticket.priority + (0.5 if self.under_share(ticket.priority, ticket.tenant) else 0.0)
 
-    def engine_priority(self, ticket: Ticket) -> int:
-        """The `priority` the engine gets for `ticket` (0 when the engines ignore it): the band doubled,
-        plus one while the tenant is under its share."""
+    def engine_priority(self, ticket: Ticket, rank: float | None = None) -> int:
+        """The `priority` the engine gets for `ticket` (0 when the engines ignore it): its `rank` doubled —
+        the band doubled, plus one while the tenant is under its share."""
         if not self.engine_priorities:
             return 0
-        return 2 * ticket.priority + (1 if self.under_share(ticket.priority, ticket.tenant) else 0)
+        return int(2 * (self.rank(ticket) if rank is None else rank))
 
     def joins_round(self, entry: Entry) -> bool:
         """May `entry` go in the current round? Always, unless the round is grouped and it came late —
@@ -300,7 +300,8 @@ class Dispatcher:
         but is not our traffic: it neither raises the round's bar nor counts as arrival pressure for the
         window."""
         cost = ticket.cost
-        prio, rank = self.engine_priority(ticket), self.rank(ticket)  # as they stood when it was chosen
+        rank = self.rank(ticket)  # as it stood when it was chosen
+        prio = self.engine_priority(ticket, rank)
         self.holdings.add(backend.url, ticket)
         backend.active += 1
         backend.outstanding_tokens += cost.total_tokens

@@ -269,11 +269,16 @@ class PoolScheduler:
         metered = int(fraction * self.rate.at(now) * budgets.round_s)
         if metered >= budgets.prefill_tokens_per_round:
             return budgets
-        key = (budgets, max(1, metered))
-        if self._metered is None or self._metered[0] is not budgets or self._metered[1] != key[1]:
+        tokens = max(1, metered)
+        cached = self._metered
+        if cached is None or cached[0] is not budgets or cached[1] != tokens:
             # a pydantic copy per decision was a tenth of the admission path's CPU: one per change
-            self._metered = (*key, budgets.model_copy(update={"prefill_tokens_per_round": key[1]}))
-        return self._metered[2]
+            cached = self._metered = (
+                budgets,
+                tokens,
+                budgets.model_copy(update={"prefill_tokens_per_round": tokens}),
+            )
+        return cached[2]
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -345,14 +350,13 @@ class PoolScheduler:
     def _sync_limits(self, policy: Policy) -> None:
         for b in self.backends:
             current = self.limits.get(b.url)
-            if current is not None and current.policy is not policy.controller:
+            if current is None:
+                current = self.limits[b.url] = make_limit(policy.controller)
+            elif current.policy is not policy.controller:
                 if current.policy == policy.controller:  # a reload that left the controller alone
                     current.policy = policy.controller  # (compare by identity from now on: cheaper)
                 else:
-                    current = None
-            if current is None:
-                start = None if b.url not in self.limits else self.limits[b.url].limit
-                self.limits[b.url] = current = make_limit(policy.controller, start)
+                    current = self.limits[b.url] = make_limit(policy.controller, current.limit)
             b.concurrency_limit = current.limit
 
     def _borrow(self, now: float) -> tuple[Entry, BackendState, int] | None:
