@@ -161,11 +161,13 @@ class Generator:
         stall_at = self.faults.stall_after()
         sent = 0
         try:
-            if call.kind == "chat":
-                yield chunks.role_chunk()
             if cut_after == 0:
                 raise DroppedConnection
             async for total in handle.progress():
+                if call.kind == "chat" and not sent:
+                    # as SGLang's serving_chat: the role chunk goes with the engine's first output, so the
+                    # stream's first byte comes after the prefill, not at once
+                    yield chunks.role_chunk()
                 if stall_at is not None and sent >= stall_at:
                     stall_at = None
                     await self.runner.clock.sleep(self.faults.config.stall_s)

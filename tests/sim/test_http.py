@@ -246,6 +246,23 @@ def test_time_scale_reports_virtual_seconds() -> None:
         )
 
 
+def test_a_streams_first_byte_comes_after_its_prefill() -> None:
+    """As SGLang's serving_chat: the role chunk goes with the engine's first output, not at once — the
+    gateway's first-byte timeout, its retry before the first byte and its prefill shield rely on it."""
+    scale = 10.0
+    with serve(create_app(SimConfig(time_scale=scale))) as server:
+        body = {"model": "m", "messages": [{"role": "user", "content": "x" * 20000}], "max_tokens": 2}
+        prompt = httpx.post(server.url + "/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"]
+        prefill = load_profile("default").costs.prefill_time([PrefillChunk(0, prompt)])
+        assert prefill > 0.3  # simulated seconds: 30 ms of wall time at least
+        t0 = time.monotonic()
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body | {"stream": True}) as resp:
+            first = next(resp.iter_raw())
+            wall = time.monotonic() - t0
+    assert b'"role":"assistant"' in first
+    assert wall >= prefill / scale  # the engine's prefill step (virtual seconds / time scale) came first
+
+
 async def test_disconnect_aborts_and_frees_kv() -> None:
     with serve(create_app(SimConfig(time_scale=5.0))) as server:
         body = {
