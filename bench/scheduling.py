@@ -89,6 +89,7 @@ def scaled_policy(base: Policy, k: float, controller: dict[str, Any]) -> dict[st
     if q["priorities"]["reserve_hold_s"] is not None:
         q["priorities"]["reserve_hold_s"] /= k
     b["round_s"] /= k
+    b["shield"]["hold_s"] /= k
     w["max_window_s"] /= k
     for acc in w["accumulate"].values():
         acc["max_wait_s"] /= k

@@ -233,6 +233,8 @@ class CompletionEndpoint:
                 log.info("request %s: loan of %s revoked; queued again", ticket.id, ticket.backend)
                 continue
             owner.record_success(backend)
+            if ticket.stream:
+                lease.started()  # the first byte of a stream comes with the first token
             return upstream, lease
 
     def _response_headers(self, ticket: Ticket) -> list[tuple[bytes, bytes]]:

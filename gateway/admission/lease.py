@@ -38,6 +38,7 @@ class Lease:
         loan: bool,
         on_release: OnRelease,
         engine_priority: int = 0,
+        on_start: Callable[[Lease], None] | None = None,
     ) -> None:
         self.entry = entry
         self.backend = backend
@@ -49,6 +50,7 @@ class Lease:
         self.revoked = False
         self._on_release = on_release
         self._on_revoke: Callable[[], None] | None = None
+        self._on_start = on_start
 
     @property
     def ticket(self) -> Ticket:
@@ -63,6 +65,12 @@ class Lease:
     def disarm(self) -> None:
         """The request can no longer be taken back (its answer is on its way to the client)."""
         self._on_revoke = None
+
+    def started(self) -> None:
+        """The backend sent the first byte of a stream: the request's prefill is done (once)."""
+        on_start, self._on_start = self._on_start, None
+        if on_start is not None and not self.released:
+            on_start(self)
 
     def revoke(self) -> None:
         """Ask for the backend back; only an armed lease acts on it, the others end as they would."""

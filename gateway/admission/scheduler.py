@@ -173,6 +173,7 @@ class PoolScheduler:
             self.dispatcher.recent.forget(now, policy.fairness.share_window_s)
         budgets, limits = self.decision(policy)
         wake = math.inf
+        self.dispatcher.shield_held = False
         while self.queue:
             if not self.dispatcher.round_open(now, budgets):
                 load = self.window_load(now, budgets)
@@ -191,6 +192,8 @@ class PoolScheduler:
             if borrowed is None:
                 ends = self.dispatcher.round_ends(budgets)
                 wake = math.inf if ends is None else ends
+                if self.dispatcher.shield_held:  # a whole request's predicted prefill ends then
+                    wake = min(wake, self.dispatcher.next_due())
                 break
             entry, backend, prio = borrowed
             self._dispatch(entry, backend, now, prio, loan=True)
@@ -255,6 +258,7 @@ class PoolScheduler:
         limits = {url: lim.limit for url, lim in self.limits.items()}
         self.dispatcher.pool_slots = sum(limits[b.url] for b in self.backends if b.available)
         self.dispatcher.now = self.queue.now = self.clock()
+        self.dispatcher.prefill_rate = self.rate.at(self.dispatcher.now)
         self.dispatcher.share_window_s = policy.fairness.share_window_s
         self.queue.lifo_after_fraction = policy.queue.lifo_after_fraction
         return self.metered_budgets(policy, self.clock()), limits
@@ -403,7 +407,7 @@ class PoolScheduler:
         self.dispatcher.recent.charge(ticket.tenant, entry.charge, now, self.dispatcher.share_window_s)
         ticket.backend = backend.url
         ticket.dispatched_at = now
-        lease = Lease(entry, backend, entry.charge, loan, self._release, engine_priority)
+        lease = Lease(entry, backend, entry.charge, loan, self._release, engine_priority, self._started)
         lease.dispatched_at = now
         self._leases.add(lease)
         if loan and self._lender is not None:
@@ -411,6 +415,13 @@ class PoolScheduler:
         waiter = self._waiters.pop(entry)
         waiter.lease = lease
         waiter.event.set()
+
+    def _started(self, lease: Lease) -> None:
+        """The lease's first byte came: its prefill no longer waits in the engine (the prefill shield)."""
+        owner = self._lender if lease.loan and self._lender is not None else self
+        owner.dispatcher.started(lease.backend.url, lease.ticket)
+        if owner.dispatcher.shield_held and owner.queue:
+            owner.pump()  # only then: a pump on every first byte would move rounds and windows
 
     def _fail(self, entry: Entry, err: ApiError) -> None:
         waiter = self._waiters.pop(entry)

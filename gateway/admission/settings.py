@@ -131,6 +131,23 @@ class LendPolicy(_Strict):
     )
 
 
+class ShieldPolicy(_Strict):
+    """Keeping lower-ranked prompts out of a higher-ranked request's prefill batch (dispatch.py)."""
+
+    tokens: int | None = Field(
+        default=512,
+        gt=0,
+        description="While higher-ranked requests (a higher band, or a tenant under its share) were "
+        "dispatched in the pool within `hold_s`, a lower-ranked request goes to a backend only if the "
+        "lower-ranked prompts sent there whose prefill has not started (no first byte yet) stay within "
+        "this many tokens with it — or none wait. The engine batches every waiting prompt its budget "
+        "allows with a new top-priority one: this bounds what rides along. None: off.",
+    )
+    hold_s: float = Field(
+        default=10.0, gt=0, description="How long after the last higher-ranked dispatch the shield stays up."
+    )
+
+
 class PoolBudgets(_Strict):
     """The per-backend budgets of one pool: prefill per round, KV watermark, modality bucket caps."""
 
@@ -151,6 +168,7 @@ class PoolBudgets(_Strict):
         default_factory=lambda: {"multi_image": 16, "single_image": 64, "long_doc": 8}
     )
     lend: LendPolicy = Field(default_factory=LendPolicy)
+    shield: ShieldPolicy = Field(default_factory=ShieldPolicy)
 
 
 class BudgetPolicy(PoolBudgets):

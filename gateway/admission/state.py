@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 def pool_snapshot(s: PoolScheduler) -> dict[str, Any]:
     """Queue per priority (depth, oldest wait), the head of the queue and what stops it per backend
-    ("window" while the window holds; "round_group", "concurrency", "round_prefill", "kv_watermark",
-    "bucket_cap", "excluded", "unavailable"), the round, the window, per-backend budgets, and
+    ("window" while the window holds; "round_group", "concurrency", "round_prefill", "prefill_shield",
+    "kv_watermark", "bucket_cap", "excluded", "unavailable"), the round, the window, per-backend budgets, and
     rejections by reason/class."""
     policy = s.policy_getter()
     now = s.clock()
@@ -65,6 +65,7 @@ def pool_snapshot(s: PoolScheduler) -> dict[str, Any]:
                 "kv_occupied_tokens": kv_occupied(b),
                 "max_total_tokens": b.max_total_tokens,
                 "round_prefill_tokens": d.released(b.url),
+                "pending_prefill_tokens": d.unstarted(b.url, now=now),
                 "buckets": dict(b.bucket_active),
             }
             for b in s.backends

@@ -26,6 +26,7 @@ def _sched(
 def _assert_idle(s: PoolScheduler) -> None:
     for b in s.backends:
         assert (b.active, b.outstanding_tokens, b.reserved_kv_tokens, b.bucket_active) == (0, 0, 0, {})
+        assert s.dispatcher.pending.get(b.url, {}) == {}
     assert len(s.queue) == 0 and s.in_flight == 0 and not s._waiters
 
 
@@ -46,8 +47,11 @@ async def test_light_load_dispatches_at_once_and_release_is_idempotent() -> None
         "kv_occupied_tokens": 400,
         "max_total_tokens": None,
         "round_prefill_tokens": 300,
+        "pending_prefill_tokens": 300,  # a stream until its first byte
         "buckets": {"text": 1},
     }
+    lease.started()
+    assert s.snapshot()["backends"][0]["pending_prefill_tokens"] == 0
     lease.release(Usage(300, 50), "ok", ttft_s=0.05, tpot_s=0.02)
     lease.release(Usage(300, 50), "ok", ttft_s=0.05, tpot_s=0.02)
     _assert_idle(s)
@@ -151,6 +155,8 @@ async def _loaded_pool(clock: FakeClock) -> tuple[PoolScheduler, list[asyncio.Ta
     )
     s = _sched(pol, clock=clock)
     lows = [await spawn(s, ticket(priority=0, prompt=256)) for _ in range(3)]
+    for low in lows:
+        low.result().started()  # their first bytes came: not waiting in the engine (the prefill shield)
     clock.now = 1000.125
     lows.append(await spawn(s, ticket(priority=0, prompt=256)))
     assert not lows[-1].done() and s._next_wake == 1000.1875
@@ -355,10 +361,16 @@ async def test_two_backlogged_tenants_weights_1_to_3_share_tokens_1_to_3() -> No
 
 async def test_chaos_never_exceeds_budgets_and_returns_every_counter_to_zero() -> None:
     rng = random.Random(7)
+    first_bytes = random.Random(8)  # its own sequence: the clients' draws stay as they were
     clock = FakeClock()
     pol = policy(
         controller={"algorithm": "fixed", "initial": 3, "min": 1, "max": 3},
-        budgets={"prefill_tokens_per_round": 1000, "round_s": 0.05, "bucket_caps": {"multi_image": 1}},
+        budgets={
+            "prefill_tokens_per_round": 1000,
+            "round_s": 0.05,
+            "bucket_caps": {"multi_image": 1},
+            "shield": {"tokens": 600},
+        },
         queue={"classes": {"interactive": {"ttft_p99_s": 1.0, "max_queue_depth": 20, "max_wait_s": 1.0}}},
     )
     pool = backends(2)
@@ -392,6 +404,8 @@ async def test_chaos_never_exceeds_budgets_and_returns_every_counter_to_zero() -
         try:
             for _ in range(rng.randint(0, 6)):
                 await asyncio.sleep(0)
+                if first_bytes.random() < 0.3:
+                    lease.started()  # the first byte (a second call changes nothing)
             outcome = rng.choice(["ok", "ok", "overloaded", "error"])
         finally:
             lease.release(Usage(t.cost.prompt_tokens, rng.randint(0, 300)), outcome, ttft_s=0.1, tpot_s=0.03)

@@ -218,7 +218,7 @@ async def gateway_idle(client: httpx.AsyncClient, gw: str) -> list[str]:
             if pool[key]:
                 left.append(f"{name}.{key}={pool[key]}")
         for b in pool["backends"]:
-            for key in ("active", "outstanding_tokens", "reserved_kv_tokens"):
+            for key in ("active", "outstanding_tokens", "reserved_kv_tokens", "pending_prefill_tokens"):
                 if b[key]:
                     left.append(f"{b['url']}.{key}={b[key]}")
             if b["buckets"]:
@@ -423,3 +423,22 @@ async def test_lending_with_clients_leaving_and_loans_revoked_leaves_nothing_hel
             await asyncio.sleep(0.01)
         assert await gateway_idle(client, gw) == []
         assert (await sim_load(client, inter), await sim_load(client, off)) == (0, 0)
+
+
+async def test_a_streams_first_byte_ends_its_pending_prefill(stack: Stack) -> None:
+    """The prefill shield counts a stream's prompt as waiting in the engine until its first byte: the
+    pipeline must say when that came, or every lower-ranked request would wait for whole answers."""
+    sim = stack.sim(seed=3, time_scale=2.0).url  # 300 tokens take seconds: the stream is still running
+    gw = stack.gateway([{"name": "interactive", "backends": [sim]}])
+    await wait_ready(gw)
+    async with (
+        httpx.AsyncClient(timeout=30) as client,
+        client.stream("POST", gw + "/v1/chat/completions", json=chat(300)) as resp,
+    ):
+        assert resp.status_code == 200
+        first = await anext(resp.aiter_bytes())
+        assert first.startswith(b"data: ")
+        state = (await client.get(gw + "/admin/state", headers=ADMIN)).json()["pools"]["interactive"]
+        backend = state["backends"][0]
+        assert (backend["active"], backend["pending_prefill_tokens"]) == (1, 0)
+        assert backend["outstanding_tokens"] > 0

@@ -1,0 +1,123 @@
+"""The prefill shield: lower-ranked prompts do not pile up in an engine while higher-ranked ones come.
+
+An engine batches every waiting prompt its budget allows with a new top-priority one; the shield keeps
+what could ride along (dispatched, prefill not started) within `shield.tokens`. Exact, on a fake clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.admission.scheduler import Lease, PoolScheduler
+from gateway.policy import Policy
+from tests.admission.helpers import FakeClock, backends, policy, settle, spawn, ticket
+
+FIXED_8 = {"algorithm": "fixed", "initial": 8, "min": 8, "max": 8}
+
+
+def _sched(clock: FakeClock, queue: dict[str, object] | None = None, **budgets: object) -> PoolScheduler:
+    pol: Policy = policy(window={"enabled": False}, controller=FIXED_8, budgets=budgets, queue=queue or {})
+    return PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
+
+
+def _done(tasks: list[asyncio.Task[Lease]]) -> list[bool]:
+    return [t.done() for t in tasks]
+
+
+def _pending(s: PoolScheduler) -> int:
+    return int(s.snapshot()["backends"][0]["pending_prefill_tokens"])
+
+
+async def test_lower_band_prompts_wait_for_the_first_byte_while_a_higher_band_is_about() -> None:
+    clock = FakeClock()
+    s = _sched(clock)
+    high = await s.acquire(ticket(priority=10, prompt=100))
+    lows = [await spawn(s, ticket(priority=5, prompt=300)) for _ in range(3)]
+    assert _done(lows) == [True, False, False]  # 300 not started + 300 > 512
+    assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "prefill_shield"}
+    high.started()  # the higher band's own prompt never counts against the shield
+    await settle()
+    assert _done(lows) == [True, False, False]
+    lows[0].result().started()
+    await settle()
+    assert _done(lows) == [True, True, False] and _pending(s) == 300
+    lows[1].result().release(None, "ok")  # ended (or failed) before its first byte: no longer waiting
+    await settle()
+    assert _done(lows) == [True, True, True]
+    for lease in (high, *(t.result() for t in lows)):
+        lease.release(None, "ok")
+    assert _pending(s) == 0 and s.dispatcher.pending == {"http://b0": {}}
+
+
+async def test_small_prompts_share_the_shield_and_a_big_one_goes_alone() -> None:
+    clock = FakeClock()
+    s = _sched(clock)
+    high = await s.acquire(ticket(priority=10, prompt=100))
+    small = [await spawn(s, ticket(priority=5, prompt=200)) for _ in range(3)]
+    assert _done(small) == [True, True, False] and _pending(s) == 100 + 400  # 400 + 200 > 512
+    for t in small[:2]:
+        t.result().started()
+    await settle()
+    big = await spawn(s, ticket(priority=5, prompt=4000))
+    assert _done(small) == [True, True, True] and not big.done()  # behind the third small one
+    small[2].result().started()
+    await settle()
+    assert not big.done()  # the band-10 prompt still waits for its batch: the big one would join it
+    high.started()
+    await settle()
+    assert big.done()  # nothing waits in the engine: it goes alone
+
+
+async def test_no_shield_without_a_higher_rank_within_hold_s() -> None:
+    clock = FakeClock()
+    s = _sched(clock, shield={"hold_s": 1.0})
+    lows = [await spawn(s, ticket(priority=5, prompt=300)) for _ in range(3)]
+    assert _done(lows) == [True, True, True]  # nobody above band 5 was here: nothing to shield
+    await s.acquire(ticket(priority=10, prompt=100))
+    later = [await spawn(s, ticket(priority=5, prompt=300)) for _ in range(2)]
+    assert _done(later) == [False, False]  # 900 of band 5 not started
+    clock.now = 1001.0  # hold_s after the band-10 dispatch: still up
+    s.pump()
+    await settle()
+    assert _done(later) == [False, False]
+    clock.now = 1001.001
+    s.pump()
+    await settle()
+    assert _done(later) == [True, True]
+
+
+async def test_off_with_tokens_null() -> None:
+    s = _sched(FakeClock(), shield={"tokens": None})
+    await s.acquire(ticket(priority=10, prompt=100))
+    lows = [await spawn(s, ticket(priority=5, prompt=2000)) for _ in range(3)]
+    assert _done(lows) == [True, True, True]
+
+
+async def test_a_whole_request_counts_for_its_predicted_prefill_then_falls() -> None:
+    clock = FakeClock()
+    # neither the round's end nor the deadline re-check wakes the pump before the prediction
+    s = _sched(clock, {"recheck_interval_s": 1.0}, round_s=1.0)
+    (await s.acquire(ticket(priority=10, prompt=100))).started()
+    first = await s.acquire(ticket(priority=5, prompt=2000, stream=False))
+    second = await spawn(s, ticket(priority=5, prompt=100, stream=False))
+    assert not second.done()
+    assert s._next_wake == 1000.2  # 2000 tokens at the prior 10 000 tokens/s: no first byte to wait for
+    clock.now = 1000.2
+    s.pump()  # what run() does at _next_wake
+    await settle()
+    assert second.done() and s.dispatcher.pending["http://b0"][id(first.ticket)][1:] == (2000, 1000.2)
+
+
+async def test_a_tenant_under_its_share_raises_the_shield_in_its_own_band() -> None:
+    clock = FakeClock()
+    s = _sched(clock)
+    heavy = [await spawn(s, ticket(tenant="heavy", prompt=300)) for _ in range(2)]
+    assert _done(heavy) == [True, True]  # heavy alone is at its share: rank 5, no shield
+    light = await s.acquire(ticket(tenant="light", prompt=50))
+    assert s.dispatcher.rank_seen == {5.0: 1000.0, 5.5: 1000.0}  # light went under its share
+    third = await spawn(s, ticket(tenant="heavy", prompt=100))
+    assert not third.done() and s.snapshot()["head"]["blocked_by"] == {"http://b0": "prefill_shield"}
+    light.started()
+    heavy[0].result().started()
+    await settle()
+    assert third.done()  # heavy[1]'s 300 still waits in the engine, and 300 + 100 ≤ 512
