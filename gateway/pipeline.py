@@ -177,6 +177,8 @@ class CompletionEndpoint:
             owner = self.gw.pools[backend.pool]  # differs from `pool` when an idle backend is lent
             if owner.config.priority_scheduling:
                 body["priority"] = lease.engine_priority
+            else:  # the engine's priority is the gateway's to set: a client's would bypass its caps
+                body.pop("priority", None)
             payload = orjson.dumps(body)
             ticket.backend = owner.backend_id(backend)
             ticket.dispatched_at = self.gw.clock()

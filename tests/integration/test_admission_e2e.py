@@ -326,9 +326,9 @@ async def test_effective_priority_reaches_the_engine_only_where_the_pool_asks(st
                 headers = {"authorization": f"Bearer {key}", "x-omnigate-class": traffic_class}
                 if priority is not None:
                     headers["x-priority"] = priority
-                resp = await client.post(
-                    gw + "/v1/chat/completions", json=chat(4, stream=False), headers=headers
-                )
+                # a client's own `priority` field never reaches an engine: the gateway sets it or drops it
+                body = chat(4, stream=False) | {"priority": 99}
+                resp = await client.post(gw + "/v1/chat/completions", json=body, headers=headers)
                 assert resp.status_code == 200, resp.text
     assert [b.get("priority") for b in recorders[0].bodies] == [want for *_, want in sends]
     assert [("priority" in b) for b in recorders[1].bodies] == [False] * len(sends)
