@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+from pydantic import ValidationError
+
 from gateway.admission.scheduler import Lease, PoolScheduler
 from gateway.policy import Policy
 from tests.admission.helpers import FakeClock, backends, policy, settle, spawn, ticket
@@ -121,3 +124,20 @@ async def test_a_tenant_under_its_share_raises_the_shield_in_its_own_band() -> N
     heavy[0].result().started()
     await settle()
     assert third.done()  # heavy[1]'s 300 still waits in the engine, and 300 + 100 ≤ 512
+
+
+@pytest.mark.parametrize(
+    "shield",
+    [{"tokens": 0}, {"tokens": -512}, {"hold_s": 0}, {"tokens": "many"}, {"token": 512}],
+)
+def test_an_invalid_shield_is_refused_with_the_field_named(shield: dict[str, object]) -> None:
+    with pytest.raises(ValidationError) as info:
+        policy(budgets={"shield": shield})
+    assert info.value.errors()[0]["loc"][:2] == ("budgets", "shield")
+
+
+def test_a_pool_override_of_the_shield_keeps_the_rest_of_the_budgets() -> None:
+    pol = policy(budgets={"kv_watermark": 0.7, "pools": {"offline": {"shield": {"tokens": None}}}})
+    offline, interactive = pol.budgets.for_pool("offline"), pol.budgets.for_pool("interactive")
+    assert (offline.shield.tokens, offline.shield.hold_s, offline.kv_watermark) == (None, 10.0, 0.7)
+    assert (interactive.shield.tokens, interactive.kv_watermark) == (512, 0.7)
