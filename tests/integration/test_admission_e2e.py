@@ -42,6 +42,7 @@ pool_defaults:
 controller: {{algorithm: fixed, initial: {LIMIT}, min: {LIMIT}, max: {LIMIT}}}
 budgets:
   bucket_caps: {{multi_image: {MULTI_CAP}, single_image: 64, long_doc: 8}}
+  shield: {{tokens: 64}}  # these prompts are small: a low threshold so the shield holds in the chaos run
 fairness: {{reserve_fraction: 0}}  # headroom reserves off: these tests fill the cap itself
 queue:
   priorities: {{reserve_fraction: 0}}
@@ -269,10 +270,13 @@ async def test_chaos_then_every_counter_returns_to_zero(stack: Stack) -> None:
         leave_while_queued,
     ]
 
+    bands = random.Random(8)  # two bands, so the prefill shield holds band 0 while band 5 is about
+
     async def client_task(i: int) -> None:
         await asyncio.sleep(rng.uniform(0, 0.6))
         body = chat(rng.choice([20, 80, 200]), images=rng.choice([0, 0, 1, 3]), stream=rng.random() < 0.85)
-        async with httpx.AsyncClient(timeout=30) as client:
+        headers = {"x-priority": bands.choice(["0", "5"])}
+        async with httpx.AsyncClient(timeout=30, headers=headers) as client:
             await rng.choice(actions)(client, body)
 
     async def backend_goes_unhealthy() -> None:
