@@ -27,7 +27,9 @@ one: ~650 ms instead of ~20). While a higher-ranked request (`rank`) was dispatc
 `shield.hold_s`, a lower-ranked one goes to a backend only if the lower-ranked prompts there whose
 prefill has not started stay within `shield.tokens` with it, or none wait (`pending`: a stream until
 its first byte, a whole request for its predicted prefill time). What remains is the step already in
-flight, which no engine preempts.
+flight, which no engine preempts. The traffic the shield protects (a request at the top rank seen within
+`hold_s`, with lower ranks seen too) goes to the backend where the fewest prompt tokens wait for their
+prefill: there its own starts soonest.
 Among backends that fit: least outstanding estimated tokens (then fewest active, then URL).
 
 Head-of-line: a request that is out only because of its own constraints (its bucket is at cap on every
@@ -230,15 +232,24 @@ class Dispatcher:
         for their batch count too: it would join theirs)?"""
         if shield.tokens is None:
             return False
-        top = max(
-            (r for r, at in self.rank_seen.items() if self.now - at <= shield.hold_s), default=-math.inf
-        )
+        top = self._top_rank(shield)
         if rank >= top:
             return False
         riders = self.unstarted(backend.url, below=top) + ticket.cost.prompt_tokens
         held = riders > shield.tokens and self.unstarted(backend.url) > 0
         self.shield_held |= held
         return held
+
+    def _top_rank(self, shield: ShieldPolicy) -> float:
+        """The highest rank dispatched within `shield.hold_s` (-inf: none)."""
+        recent = (r for r, at in self.rank_seen.items() if self.now - at <= shield.hold_s)
+        return max(recent, default=-math.inf)
+
+    def _on_top(self, ticket: Ticket, shield: ShieldPolicy) -> bool:
+        """Is `ticket` the traffic the shield protects: above every rank but the top seen within hold_s?"""
+        rank = self.rank(ticket)
+        below = [r for r, at in self.rank_seen.items() if self.now - at <= shield.hold_s and r < rank]
+        return bool(below) and rank >= self._top_rank(shield)
 
     def unstarted(self, url: str, below: float = math.inf, now: float | None = None) -> int:
         """Prompt tokens sent to `url` at a rank below `below` whose prefill has not started by `now`
@@ -305,6 +316,11 @@ class Dispatcher:
             misses = [self.shared_budget_miss(entry.ticket, b, budgets, limits[b.url]) for b in own]
             fitting = [b for b, miss in zip(own, misses, strict=True) if miss is None]
             if fitting:
+                if budgets.shield.tokens is not None and self._on_top(entry.ticket, budgets.shield):
+                    # its prefill starts soonest where the fewest prompts wait for theirs
+                    return entry, min(
+                        fitting, key=lambda b: (self.unstarted(b.url), b.outstanding_tokens, b.active, b.url)
+                    )
                 return entry, min(fitting, key=lambda b: (b.outstanding_tokens, b.active, b.url))
             if any(miss != "tenant_share" for miss in misses):
                 return None

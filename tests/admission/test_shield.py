@@ -141,3 +141,21 @@ def test_a_pool_override_of_the_shield_keeps_the_rest_of_the_budgets() -> None:
     offline, interactive = pol.budgets.for_pool("offline"), pol.budgets.for_pool("interactive")
     assert (offline.shield.tokens, offline.shield.hold_s, offline.kv_watermark) == (None, 10.0, 0.7)
     assert (interactive.shield.tokens, interactive.kv_watermark) == (512, 0.7)
+
+
+async def test_a_protected_request_goes_where_no_prompt_waits_for_its_prefill() -> None:
+    pol = policy(window={"enabled": False}, controller=FIXED_8)
+    s = PoolScheduler("interactive", backends(2), lambda: pol, clock=FakeClock())
+    big = await s.acquire(ticket(priority=5, prompt=3000, output=1000))
+    big.started()  # b0: much outstanding, nothing waiting for its prefill
+    small = await s.acquire(ticket(priority=5, prompt=200))  # least outstanding: b1; not started
+    assert (big.backend.url, small.backend.url) == ("http://b0", "http://b1")
+    high = await s.acquire(ticket(priority=10, prompt=100))
+    assert high.backend.url == "http://b0"  # b1 has the fewest outstanding tokens, but a prompt waiting
+    same_band = await s.acquire(ticket(priority=10, prompt=100))
+    assert same_band.backend.url == "http://b0"  # 100 waiting there (the first one) against 200 on b1
+    off = policy(window={"enabled": False}, controller=FIXED_8, budgets={"shield": {"tokens": None}})
+    s = PoolScheduler("interactive", backends(2), lambda: off, clock=FakeClock())
+    (await s.acquire(ticket(priority=5, prompt=3000, output=1000))).started()
+    await s.acquire(ticket(priority=5, prompt=200))
+    assert (await s.acquire(ticket(priority=10, prompt=100))).backend.url == "http://b1"  # shield off
