@@ -240,16 +240,19 @@ class Dispatcher:
         self.shield_held |= held
         return held
 
+    def _recent_ranks(self, shield: ShieldPolicy) -> list[float]:
+        """The ranks our own requests were dispatched at within `shield.hold_s`."""
+        return [r for r, at in self.rank_seen.items() if self.now - at <= shield.hold_s]
+
     def _top_rank(self, shield: ShieldPolicy) -> float:
         """The highest rank dispatched within `shield.hold_s` (-inf: none)."""
-        recent = (r for r, at in self.rank_seen.items() if self.now - at <= shield.hold_s)
-        return max(recent, default=-math.inf)
+        return max(self._recent_ranks(shield), default=-math.inf)
 
     def _on_top(self, ticket: Ticket, shield: ShieldPolicy) -> bool:
-        """Is `ticket` the traffic the shield protects: above every rank but the top seen within hold_s?"""
-        rank = self.rank(ticket)
-        below = [r for r, at in self.rank_seen.items() if self.now - at <= shield.hold_s and r < rank]
-        return bool(below) and rank >= self._top_rank(shield)
+        """Is `ticket` the traffic the shield protects: at or above the top rank seen within hold_s,
+        with a lower rank seen too?"""
+        rank, recent = self.rank(ticket), self._recent_ranks(shield)
+        return any(r < rank for r in recent) and rank >= max(recent)
 
     def unstarted(self, url: str, below: float = math.inf, now: float | None = None) -> int:
         """Prompt tokens sent to `url` at a rank below `below` whose prefill has not started by `now`

@@ -18,9 +18,11 @@ from tests.admission.helpers import FakeClock, backends, policy, settle, spawn, 
 FIXED_8 = {"algorithm": "fixed", "initial": 8, "min": 8, "max": 8}
 
 
-def _sched(clock: FakeClock, queue: dict[str, object] | None = None, **budgets: object) -> PoolScheduler:
+def _sched(
+    clock: FakeClock, queue: dict[str, object] | None = None, n: int = 1, **budgets: object
+) -> PoolScheduler:
     pol: Policy = policy(window={"enabled": False}, controller=FIXED_8, budgets=budgets, queue=queue or {})
-    return PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
+    return PoolScheduler("interactive", backends(n), lambda: pol, clock=clock)
 
 
 def _done(tasks: list[asyncio.Task[Lease]]) -> list[bool]:
@@ -144,8 +146,7 @@ def test_a_pool_override_of_the_shield_keeps_the_rest_of_the_budgets() -> None:
 
 
 async def test_a_protected_request_goes_where_no_prompt_waits_for_its_prefill() -> None:
-    pol = policy(window={"enabled": False}, controller=FIXED_8)
-    s = PoolScheduler("interactive", backends(2), lambda: pol, clock=FakeClock())
+    s = _sched(FakeClock(), n=2)
     big = await s.acquire(ticket(priority=5, prompt=3000, output=1000))
     big.started()  # b0: much outstanding, nothing waiting for its prefill
     small = await s.acquire(ticket(priority=5, prompt=200))  # least outstanding: b1; not started
@@ -154,8 +155,7 @@ async def test_a_protected_request_goes_where_no_prompt_waits_for_its_prefill() 
     assert high.backend.url == "http://b0"  # b1 has the fewest outstanding tokens, but a prompt waiting
     same_band = await s.acquire(ticket(priority=10, prompt=100))
     assert same_band.backend.url == "http://b0"  # 100 waiting there (the first one) against 200 on b1
-    off = policy(window={"enabled": False}, controller=FIXED_8, budgets={"shield": {"tokens": None}})
-    s = PoolScheduler("interactive", backends(2), lambda: off, clock=FakeClock())
+    s = _sched(FakeClock(), n=2, shield={"tokens": None})
     (await s.acquire(ticket(priority=5, prompt=3000, output=1000))).started()
     await s.acquire(ticket(priority=5, prompt=200))
     assert (await s.acquire(ticket(priority=10, prompt=100))).backend.url == "http://b1"  # shield off
