@@ -171,8 +171,9 @@ class CompletionEndpoint:
         pool_policy = policy.pool(pool.name)
         exclude: set[str] = set()
         scheduler = self.gw.schedulers[pool.name]
+        requeued = False
         while True:
-            lease = await scheduler.acquire(ticket, exclude=exclude)
+            lease = await scheduler.acquire(ticket, exclude=exclude, requeued=requeued)
             backend = lease.backend
             owner = self.gw.pools[backend.pool]  # differs from `pool` when an idle backend is lent
             if owner.config.priority_scheduling:
@@ -184,9 +185,9 @@ class CompletionEndpoint:
             ticket.dispatched_at = self.gw.clock()
             record.record_dispatch(ticket)
             assert owner.client is not None
-            # only loans are revocable (and only whole requests borrow: nothing reaches the client
-            # before the answer); other requests pay no cancel scope for it
-            revocable = anyio.CancelScope() if lease.loan else None
+            # loans and (with the prefill shield's `revoke_s`) requests not yet started are revocable,
+            # until the first byte: nothing has reached the client; others pay no cancel scope for it
+            revocable = anyio.CancelScope() if lease.revocable else None
             if revocable is not None:
                 lease.arm(revocable.cancel)
             try:
@@ -229,10 +230,14 @@ class CompletionEndpoint:
             finally:
                 lease.disarm()
             if revocable is not None and revocable.cancelled_caught:
-                # the lender's own requests wait for the backend: queue again in our own pool
                 lease.release(Usage(0, 0), "revoked")
-                metrics.LOANS_REVOKED.labels(pool.name).inc()
-                log.info("request %s: loan of %s revoked; queued again", ticket.id, ticket.backend)
+                requeued = True
+                if lease.loan:  # the lender's own requests wait for the backend: queue in our own pool
+                    metrics.LOANS_REVOKED.labels(pool.name).inc()
+                    log.info("request %s: loan of %s revoked; queued again", ticket.id, ticket.backend)
+                else:  # higher-ranked work would share its prefill batch (Dispatcher.preempt)
+                    metrics.PREEMPTED.labels(pool.name).inc()
+                    log.debug("request %s: preempted on %s; queued again", ticket.id, ticket.backend)
                 continue
             owner.record_success(backend)
             if ticket.stream:

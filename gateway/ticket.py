@@ -70,6 +70,7 @@ class Ticket:
     error_code: str | None = None
     error: str | None = None  # what went wrong, for the access log and failure alerts
     error_status: int | None = None  # the failure's status when the client already got 200 (mid-stream)
+    preempted: bool = False  # taken back once from a backend for higher-ranked work (Dispatcher.preempt)
 
     @property
     def queue_seconds(self) -> float:

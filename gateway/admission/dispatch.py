@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from gateway.admission.fairness import RecentService
 from gateway.admission.queue import Entry
@@ -51,6 +52,16 @@ from gateway.admission.settings import PoolBudgets, ShieldPolicy
 from gateway.admission.slots import Holdings, SlotRule, SlotTurnover, slot_margin, slot_miss
 from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
+
+
+class Pending(NamedTuple):
+    """A prompt sent to a backend whose prefill has not started (as far as the gateway can tell)."""
+
+    ticket: Ticket
+    rank: float
+    tokens: int
+    due: float  # a whole request's predicted prefill end; inf for a stream (until its first byte)
+    revocable_until: float  # still in the engine's waiting queue until then (`Dispatcher.preempt`)
 
 
 def kv_occupied(backend: BackendState) -> int:
@@ -79,8 +90,8 @@ class Dispatcher:
         self.holdings = Holdings()
         self.turnover: dict[str, SlotTurnover] = {}
         self.prefill_rate = math.inf  # tokens/s, set by the scheduler: a whole request's predicted prefill
-        # url → id(ticket) (client request ids may repeat) → (rank, prompt tokens, predicted start or inf)
-        self.pending: dict[str, dict[int, tuple[float, int, float]]] = {}
+        # url → id(ticket) (client request ids may repeat) → its prompt not started there
+        self.pending: dict[str, dict[int, Pending]] = {}
         self.rank_seen: dict[float, float] = {}  # rank → when our own request of that rank last went
         self.shield_held = False  # a placement was refused by the shield (a first byte may free it)
 
@@ -258,7 +269,7 @@ class Dispatcher:
         """Prompt tokens sent to `url` at a rank below `below` whose prefill has not started by `now`
         (default: the decision's time)."""
         now = self.now if now is None else now
-        return sum(n for r, n, due in self.pending.get(url, {}).values() if r < below and due > now)
+        return sum(p.tokens for p in self.pending.get(url, {}).values() if p.rank < below and p.due > now)
 
     def started(self, url: str, ticket: Ticket) -> None:
         """`ticket`'s prefill on `url` is done (its first byte came): it no longer rides in a new batch."""
@@ -267,7 +278,7 @@ class Dispatcher:
     def next_due(self) -> float:
         """When the next whole request's predicted prefill ends (a shield may fall then); inf: none."""
         return min(
-            (due for waiting in self.pending.values() for _, _, due in waiting.values() if due > self.now),
+            (p.due for waiting in self.pending.values() for p in waiting.values() if p.due > self.now),
             default=math.inf,
         )
 
@@ -363,14 +374,41 @@ class Dispatcher:
         lacking = ahead + 1 - free if free else ahead + min(1 - m for m in margins)
         return lacking / rate if rate > 0 else None
 
-    def commit(self, ticket: Ticket, backend: BackendState, *, loan: bool = False) -> int:
+    def preempt(self, ticket: Ticket, backend: BackendState, shield: ShieldPolicy) -> list[Ticket]:
+        """The lower-ranked prompts to take back from `backend` before `ticket` (the traffic the shield
+        protects) goes there, biggest first, until those left waiting there fit `shield.tokens`: the
+        engine would run them in `ticket`'s prefill batch. Only prompts sent within `shield.revoke_s` to
+        a busy engine qualify: those still wait for the engine's current step (a decode step, tens of ms)
+        to end, so the engine drops them at no cost (SGLang's abort of a queued request); an older one
+        may be in its prefill step, which an abort would waste without speeding `ticket` up. A prompt is
+        taken back once at most. Call before `commit`; they leave `pending` at once."""
+        if shield.tokens is None or shield.revoke_s is None or not self._on_top(ticket, shield):
+            return []
+        rank, waiting = self.rank(ticket), self.pending.get(backend.url, {})
+        left = self.unstarted(backend.url, below=rank)
+        victims: list[Ticket] = []
+        movable = [p for p in waiting.values() if p.rank < rank and p.due > self.now]
+        for p in sorted(movable, key=lambda p: -p.tokens):
+            if left <= shield.tokens:
+                break
+            if p.revocable_until > self.now and not p.ticket.preempted:
+                p.ticket.preempted = True
+                victims.append(p.ticket)
+                left -= p.tokens
+                del waiting[id(p.ticket)]
+        return victims
+
+    def commit(
+        self, ticket: Ticket, backend: BackendState, *, loan: bool = False, revoke_s: float | None = None
+    ) -> int:
         """Account a dispatch on the backend (`release` undoes exactly that) and in the round; returns its
         engine priority. A loan (another pool's request on our backend) spends the round's prefill budget
         but is not our traffic: it neither raises the round's bar nor counts as arrival pressure for the
-        window."""
+        window. `revoke_s`: the request can be taken back (`preempt`) for that long if the backend is busy."""
         cost = ticket.cost
         rank = self.rank(ticket)  # as it stood when it was chosen
         prio = self.engine_priority(ticket, rank)
+        revocable_until = self.now + revoke_s if revoke_s is not None and backend.active else -math.inf
         self.holdings.add(backend.url, ticket)
         backend.active += 1
         backend.outstanding_tokens += cost.total_tokens
@@ -380,7 +418,8 @@ class Dispatcher:
         levels[prio] = levels.get(prio, 0) + cost.prompt_tokens
         # a stream's prefill ends with its first byte (`started`); a whole request's only by prediction
         due = math.inf if ticket.stream else self.now + cost.prompt_tokens / self.prefill_rate
-        self.pending.setdefault(backend.url, {})[id(ticket)] = (rank, cost.prompt_tokens, due)
+        pending = Pending(ticket, rank, cost.prompt_tokens, due, revocable_until)
+        self.pending.setdefault(backend.url, {})[id(ticket)] = pending
         if loan:
             return prio
         self.rank_seen[rank] = self.now

@@ -4,9 +4,11 @@ The lease knows nothing of the scheduler's accounting: it only guarantees that t
 (`PoolScheduler._release`, which gives back the budgets, reconciles fairness and feeds the limit) runs
 exactly once, however many times the pipeline's error paths call `release`.
 
-A loan (an offline request on a lent interactive backend) can be revoked: the lender calls `revoke()`
-when its own requests wait for the slot, and the pipeline, which `arm`s the lease with the cancel of
-its upstream call while nothing has reached the client, abandons that call and queues the request again.
+A `revocable` lease can be taken back: a loan (an offline request on a lent interactive backend) when
+the lender's own requests wait for the slot, a prompt not yet started when higher-ranked work would
+share its prefill batch (`Dispatcher.preempt`). The scheduler calls `revoke()`; the pipeline, which
+`arm`s the lease with the cancel of its upstream call while nothing has reached the client, abandons
+that call (the engine aborts it) and queues the request again.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Lease:
         self.dispatched_at: float | None = None  # on the scheduler's clock
         self.released = False
         self.revoked = False
+        self.revocable = loan  # the pipeline arms it (set by the scheduler: preemptible requests too)
         self._on_release = on_release
         self._on_revoke: Callable[[], None] | None = None
         self._on_start = on_start

@@ -5,7 +5,8 @@ most urgent (largest priority) down; inside a band, tenants under their fair sha
 Dispatcher.under_share), then by their virtual counter (lowest first, ties by name); inside a tenant,
 earliest deadline first (ties by arrival order) — except while that tenant is congested at the band
 (`lifo_after_fraction`: it has had requests waiting there without a break for longer than that share of
-its most urgent request's deadline budget), when its requests go newest first (adaptive LIFO).
+its most urgent request's deadline budget), when its requests go newest first (adaptive LIFO). A request
+queued again after a dispatch (a loan revoked, a prompt preempted) goes before its tenant's others.
 
 Standing comes first because VTC alone lets a light tenant queue behind a heavy one: lifted to the heavy
 tenant's counter on every arrival and then charged, it is often just above it, and the heavy tenant's
@@ -45,6 +46,7 @@ class Entry:
     charge: float = 0.0  # VTC charge of the estimate, made at dispatch
     seq: int = 0
     exclude: frozenset[str] = frozenset()
+    requeued: bool = False  # dispatched and taken back: admitted already, never refused or shed again
     queued: bool = field(default=False, repr=False)
 
     @property
@@ -60,8 +62,9 @@ class Entry:
         return self.ticket.cost.prompt_tokens
 
     @property
-    def order_key(self) -> tuple[float, int]:
-        return (self.deadline, self.seq)
+    def order_key(self) -> tuple[bool, float, int]:
+        """Inside its tenant: one queued again goes first (it had its turn), then EDF, then arrival."""
+        return (not self.requeued, self.deadline, self.seq)
 
 
 def effective_deadline(ticket: Ticket, slo: SLOClass) -> float:
@@ -142,8 +145,12 @@ class SLOQueue:
                 yield from self._service_order(tenants[tenant])
 
     def _service_order(self, entries: list[Entry]) -> list[Entry]:
-        """One tenant's entries at one band (kept in EDF order) in the order they are served."""
-        return entries[::-1] if self.congested(entries) else entries
+        """One tenant's entries at one band (kept in EDF order) in the order they are served (LIFO under
+        congestion, but those queued again, which had their turn, first)."""
+        if not self.congested(entries):
+            return entries
+        again = next((i for i, e in enumerate(entries) if not e.requeued), len(entries))
+        return entries[:again] + entries[: again - 1 if again else None : -1]
 
     def congested(self, entries: list[Entry]) -> bool:
         """Have these entries (one tenant's at one band, EDF-ordered) had company waiting without a break
@@ -222,13 +229,14 @@ class SLOQueue:
                     heapq.heappush(heap, ((over, counters[tenant], tenant), i + 1))
 
     def newest_of_lowest_band(self, traffic_class: str, below: int) -> Entry | None:
-        """The displacement victim: in the lowest band under `below`, the most recently queued entry."""
+        """The displacement victim: in the lowest band under `below`, the most recently queued entry (not
+        one queued again after a dispatch: it was admitted)."""
         for band in sorted(b for b in self._bands if b < below):
             victims = [
                 e
                 for lst in self._bands[band].values()
                 for e in lst
-                if e.ticket.traffic_class == traffic_class
+                if e.ticket.traffic_class == traffic_class and not e.requeued
             ]
             if victims:
                 return max(victims, key=lambda e: e.seq)

@@ -76,6 +76,7 @@ class PoolScheduler:
         self._loans: list[Lease] = []  # another pool's requests on our backends, oldest first
         self.lent = 0  # this pool's backends running another pool's requests
         self.borrowed = 0  # this pool's requests running on a lender's backends
+        self.preempted = 0  # requests taken back from a backend for higher-ranked work (`_preempt`)
         self._sync_limits(policy)
 
     @property
@@ -87,8 +88,10 @@ class PoolScheduler:
     def in_flight(self) -> int:
         return len(self._leases)
 
-    async def acquire(self, ticket: Ticket, *, exclude: Iterable[str] = ()) -> Lease:
-        """Wait until `ticket` is dispatched; raises ApiError when refused, shed or displaced."""
+    async def acquire(self, ticket: Ticket, *, exclude: Iterable[str] = (), requeued: bool = False) -> Lease:
+        """Wait until `ticket` is dispatched; raises ApiError when refused, shed or displaced. `requeued`:
+        it was dispatched and taken back (a loan revoked, a prompt preempted) — admitted already, it is
+        neither refused nor shed nor displaced again."""
         policy = self.policy_getter()
         slo = policy.queue.classes.get(ticket.traffic_class)
         if slo is None:
@@ -114,7 +117,8 @@ class PoolScheduler:
         charge = token_charge(
             cost.prompt_tokens, cost.expected_output_tokens, weight, fair.input_weight, fair.output_weight
         )
-        entry = Entry(ticket, slo, effective_deadline(ticket, slo), weight, now, charge, exclude=excluded)
+        deadline = effective_deadline(ticket, slo)
+        entry = Entry(ticket, slo, deadline, weight, now, charge, exclude=excluded, requeued=requeued)
         self.rate.configure(policy.queue)
         victim = self.guard.admit(entry, now, self._available())
         waiter = self._waiters[entry] = Waiter(anyio.Event())
@@ -152,7 +156,7 @@ class PoolScheduler:
         if placed is None:
             return None
         backend = placed[1]
-        prio = self.dispatcher.commit(entry.ticket, backend, loan=True)
+        prio = self.dispatcher.commit(entry.ticket, backend, loan=True, revoke_s=_revoke_s(budgets))
         self.lent += 1
         return backend, prio
 
@@ -186,7 +190,10 @@ class PoolScheduler:
             placed = self.dispatcher.place(self.queue.ordered(), self.backends, budgets, limits)
             if placed is not None:
                 entry, backend = placed
-                self._dispatch(entry, backend, now, self.dispatcher.commit(entry.ticket, backend), loan=False)
+                self._preempt(entry.ticket, backend, budgets)
+                revoke_s = _revoke_s(budgets)
+                prio = self.dispatcher.commit(entry.ticket, backend, revoke_s=revoke_s)
+                self._dispatch(entry, backend, now, prio, loan=False, revocable=revoke_s is not None)
                 continue
             borrowed = self._borrow(now)
             if borrowed is None:
@@ -394,10 +401,29 @@ class PoolScheduler:
             if loans and not any(lease.revoked for lease in loans):
                 loans[-1].revoke()
 
+    def _preempt(self, ticket: Ticket, backend: BackendState, budgets: PoolBudgets) -> None:
+        """Take back the prompts that would ride in `ticket`'s prefill batch (`Dispatcher.preempt`): their
+        pipelines abandon the upstream call (the engine aborts it) and queue them again."""
+        victims = {id(t) for t in self.dispatcher.preempt(ticket, backend, budgets.shield)}
+        if not victims:
+            return
+        for lease in [*self._leases, *self._loans]:
+            if id(lease.ticket) in victims:
+                lease.revoke()
+                self.preempted += 1
+
     def _dispatch(
-        self, entry: Entry, backend: BackendState, now: float, engine_priority: int, *, loan: bool
+        self,
+        entry: Entry,
+        backend: BackendState,
+        now: float,
+        engine_priority: int,
+        *,
+        loan: bool,
+        revocable: bool = False,
     ) -> None:
-        """Hand `entry` its lease (the dispatcher, or the lender for a loan, has already accounted it)."""
+        """Hand `entry` its lease (the dispatcher, or the lender for a loan, has already accounted it).
+        A loan is always revocable; `revocable`: our own request may be preempted too."""
         self.queue.remove(entry)
         ticket = entry.ticket
         if loan:
@@ -409,6 +435,7 @@ class PoolScheduler:
         ticket.dispatched_at = now
         lease = Lease(entry, backend, entry.charge, loan, self._release, engine_priority, self._started)
         lease.dispatched_at = now
+        lease.revocable = loan or revocable
         self._leases.add(lease)
         if loan and self._lender is not None:
             self._lender._loans.append(lease)
@@ -481,3 +508,8 @@ class PoolScheduler:
             self.borrowed -= 1
             self._lender.lent -= 1
             self._lender.pump()  # its own waiting requests may take the freed slot
+
+
+def _revoke_s(budgets: PoolBudgets) -> float | None:
+    """How long a dispatch stays revocable for the prefill shield (`Dispatcher.preempt`); None: never."""
+    return budgets.shield.revoke_s if budgets.shield.tokens is not None else None

@@ -146,6 +146,15 @@ class ShieldPolicy(_Strict):
     hold_s: float = Field(
         default=10.0, gt=0, description="How long after the last higher-ranked dispatch the shield stays up."
     )
+    revoke_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="A request the shield protects takes back the lower-ranked prompts sent to its "
+        "backend within this long, while that backend was busy, that would ride in its prefill batch beyond "
+        "`tokens`: they still wait for the engine's current step (a decode step: keep this below one), so "
+        "the engine drops them at no cost, and they queue again in the gateway. Once per request. "
+        "None (default): never.",
+    )
 
 
 class PoolBudgets(_Strict):

@@ -129,6 +129,9 @@ class QueueGuard:
     def admit(self, entry: Entry, now: float, backends: int) -> Entry | None:
         """Queue `entry` or raise its refusal; returns the entry it displaced (already removed), if any."""
         self.queue.stamp(entry)
+        if entry.requeued:
+            self.queue.push(entry)
+            return None
         entries_ahead, ahead = self.queue.ahead_of(entry)
         refusal = self._unattainable(entry, now, backends, ahead, entries_ahead, self.slot_wait)
         if refusal is not None:
@@ -162,7 +165,7 @@ class QueueGuard:
         slot_wait = slot_wait or self.slot_wait
         out: list[tuple[Entry, ApiError]] = []
         for entry in self.queue.entries():
-            if now - entry.enqueued_at >= entry.slo.max_wait_s:
+            if now - entry.enqueued_at >= entry.slo.max_wait_s and not entry.requeued:
                 self.queue.remove(entry)
                 err = ApiError(
                     503,
@@ -194,7 +197,7 @@ class QueueGuard:
     ) -> ApiError | None:
         """The refusal of an entry predicted to miss its deadline; None when it may wait. `ahead`: prefill
         tokens, `entries_ahead`: requests, dispatched before it (0: the head)."""
-        if not entry.slo.shed_by_deadline:
+        if not entry.slo.shed_by_deadline or entry.requeued:
             return None
         if entries_ahead == 0 and self._in_time(entry, now, 0, slot_wait):
             return None

@@ -50,6 +50,7 @@ def pool_snapshot(s: PoolScheduler) -> dict[str, Any]:
         "in_flight": s.in_flight,
         "borrowed_in_flight": s.borrowed,
         "lent_in_flight": s.lent,
+        "preempted": s.preempted,
         "prefill_load": s.pool_level(now, budgets),
         "prefill_tokens_per_s": s.rate.at(now),
         "prefill_tokens_per_round": budgets.prefill_tokens_per_round,

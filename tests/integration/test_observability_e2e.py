@@ -57,6 +57,7 @@ UNREACHED = {
     "omnigate_tenant_store_errors": "needs the tenant store to be unreachable",
     "omnigate_client_disconnects": "the script has no disconnect (tests/gateway/test_proxy.py cuts streams)",
     "omnigate_loans_revoked": "lending is off by default (test_admission_e2e.py revokes loans)",
+    "omnigate_preempted": "one band, one tenant: nothing to preempt for (test_admission_e2e.py preempts)",
 }
 FAST = 50.0  # sim time scale: virtual seconds per wall second
 
