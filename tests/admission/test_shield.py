@@ -133,7 +133,7 @@ async def test_a_tenant_under_its_share_raises_the_shield_in_its_own_band() -> N
 
 @pytest.mark.parametrize(
     "shield",
-    [{"tokens": 0}, {"tokens": -512}, {"hold_s": 0}, {"tokens": "many"}, {"token": 512}],
+    [{"tokens": 0}, {"tokens": -512}, {"hold_s": 0}, {"tokens": "many"}, {"token": 512}, {"revoke_s": 0}],
 )
 def test_an_invalid_shield_is_refused_with_the_field_named(shield: dict[str, object]) -> None:
     with pytest.raises(ValidationError) as info:
