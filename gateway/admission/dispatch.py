@@ -385,9 +385,9 @@ class Dispatcher:
         if shield.tokens is None or shield.revoke_s is None or not self._on_top(ticket, shield):
             return []
         rank, waiting = self.rank(ticket), self.pending.get(backend.url, {})
-        left = self.unstarted(backend.url, below=rank)
-        victims: list[Ticket] = []
         movable = [p for p in waiting.values() if p.rank < rank and p.due > self.now]
+        left = sum(p.tokens for p in movable)  # what `unstarted(below=rank)` counts
+        victims: list[Ticket] = []
         for p in sorted(movable, key=lambda p: -p.tokens):
             if left <= shield.tokens:
                 break

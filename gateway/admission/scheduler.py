@@ -156,7 +156,7 @@ class PoolScheduler:
         if placed is None:
             return None
         backend = placed[1]
-        prio = self.dispatcher.commit(entry.ticket, backend, loan=True, revoke_s=_revoke_s(budgets))
+        prio = self.dispatcher.commit(entry.ticket, backend, loan=True, revoke_s=budgets.shield.preempt_s)
         self.lent += 1
         return backend, prio
 
@@ -191,7 +191,7 @@ class PoolScheduler:
             if placed is not None:
                 entry, backend = placed
                 self._preempt(entry.ticket, backend, budgets)
-                revoke_s = _revoke_s(budgets)
+                revoke_s = budgets.shield.preempt_s
                 prio = self.dispatcher.commit(entry.ticket, backend, revoke_s=revoke_s)
                 self._dispatch(entry, backend, now, prio, loan=False, revocable=revoke_s is not None)
                 continue
@@ -508,8 +508,3 @@ class PoolScheduler:
             self.borrowed -= 1
             self._lender.lent -= 1
             self._lender.pump()  # its own waiting requests may take the freed slot
-
-
-def _revoke_s(budgets: PoolBudgets) -> float | None:
-    """How long a dispatch stays revocable for the prefill shield (`Dispatcher.preempt`); None: never."""
-    return budgets.shield.revoke_s if budgets.shield.tokens is not None else None

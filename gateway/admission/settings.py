@@ -156,6 +156,11 @@ class ShieldPolicy(_Strict):
         "None (default): never.",
     )
 
+    @property
+    def preempt_s(self) -> float | None:
+        """`revoke_s` while the shield is on (preemption bounds what the shield bounds); None: never."""
+        return self.revoke_s if self.tokens is not None else None
+
 
 class PoolBudgets(_Strict):
     """The per-backend budgets of one pool: prefill per round, KV watermark, modality bucket caps."""
