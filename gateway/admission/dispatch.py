@@ -27,9 +27,12 @@ one: ~650 ms instead of ~20). While a higher-ranked request (`rank`) was dispatc
 `shield.hold_s`, a lower-ranked one goes to a backend only if the lower-ranked prompts there whose
 prefill has not started stay within `shield.tokens` with it, or none wait (`pending`: a stream until
 its first byte, a whole request for its predicted prefill time). What remains is the step already in
-flight, which no engine preempts. The traffic the shield protects (a request at the top rank seen within
-`hold_s`, with lower ranks seen too) goes to the backend where the fewest prompt tokens wait for their
-prefill: there its own starts soonest.
+flight, which no engine preempts: so a lower-ranked prompt too big for the shield (it goes alone) is
+also spaced — after one goes to a backend, the next waits there for the first one's predicted prefill
+divided by `shield.duty`, which bounds how often a higher-ranked arrival meets such a step in flight and
+how long the higher-ranked streams decoding there stall for them. The traffic the shield protects (a
+request at the top rank seen within `hold_s`, with lower ranks seen too) goes to the backend where the
+fewest prompt tokens wait for their prefill: there its own starts soonest.
 Among backends that fit: least outstanding estimated tokens (then fewest active, then URL).
 
 Head-of-line: a request that is out only because of its own constraints (its bucket is at cap on every
@@ -37,7 +40,8 @@ backend, or it excludes the backends that have room) is skipped, so a multi_imag
 blocks text. A request that is out because of shared budgets (concurrency, prefill round, KV) blocks
 everything after it in the order: otherwise a stream of small requests would starve big ones forever.
 A tenant held back by its share (slots.py) is skipped like an own constraint: the slot it may not take is
-meant for the other tenants.
+meant for the other tenants. So is a big lower-ranked prompt waiting for its spaced turn (`shield.duty`):
+smaller prompts pass it, the time is the engine's, not theirs to wait for.
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ class Dispatcher:
         # url → id(ticket) (client request ids may repeat) → its prompt not started there
         self.pending: dict[str, dict[int, Pending]] = {}
         self.rank_seen: dict[float, float] = {}  # rank → when our own request of that rank last went
+        # url → id(ticket) → when the next big lower-ranked prompt may go there after it (`spaced`)
+        self.spacing: dict[str, dict[int, float]] = {}
         self.shield_held = False  # a placement was refused by the shield (a first byte may free it)
 
     @property
@@ -234,6 +240,8 @@ class Dispatcher:
             return "round_prefill"
         if metered and self.shielded(ticket, rank, backend, budgets.shield):
             return "prefill_shield"
+        if metered and self.spaced(ticket, rank, backend, budgets.shield):
+            return "shield_duty"
         return _kv_miss(ticket, backend, budgets)
 
     def shielded(self, ticket: Ticket, rank: float, backend: BackendState, shield: ShieldPolicy) -> bool:
@@ -250,6 +258,22 @@ class Dispatcher:
         held = riders > shield.tokens and self.unstarted(backend.url) > 0
         self.shield_held |= held
         return held
+
+    def spaced(self, ticket: Ticket, rank: float, backend: BackendState, shield: ShieldPolicy) -> bool:
+        """Is `ticket` a lower-ranked prompt too big for the shield whose spaced turn on `backend` has not
+        come (`shield.duty`: the last such prompt sent there, predicted prefill / duty ago)?"""
+        if not self._lone(ticket, rank, shield):
+            return False
+        held = any(until > self.now for until in self.spacing.get(backend.url, {}).values())
+        self.shield_held |= held
+        return held
+
+    def _lone(self, ticket: Ticket, rank: float, shield: ShieldPolicy) -> bool:
+        """Is `ticket` (of `rank`) spaced by `shield.duty`: below the top rank seen within `hold_s`, with a
+        prompt above `shield.tokens` (one that goes alone)?"""
+        if shield.duty is None or shield.tokens is None or ticket.cost.prompt_tokens <= shield.tokens:
+            return False
+        return rank < self._top_rank(shield)
 
     def _recent_ranks(self, shield: ShieldPolicy) -> list[float]:
         """The ranks our own requests were dispatched at within `shield.hold_s`."""
@@ -276,11 +300,11 @@ class Dispatcher:
         self.pending.get(url, {}).pop(id(ticket), None)
 
     def next_due(self) -> float:
-        """When the next whole request's predicted prefill ends (a shield may fall then); inf: none."""
-        return min(
-            (p.due for waiting in self.pending.values() for p in waiting.values() if p.due > self.now),
-            default=math.inf,
-        )
+        """When the next whole request's predicted prefill ends or a big lower-ranked prompt's spaced
+        turn comes (a shield may fall then); inf: none."""
+        dues = [p.due for waiting in self.pending.values() for p in waiting.values()]
+        dues += [until for spaced in self.spacing.values() for until in spaced.values()]
+        return min((t for t in dues if t > self.now), default=math.inf)
 
     def blocked_by(
         self,
@@ -336,7 +360,7 @@ class Dispatcher:
                         fitting, key=lambda b: (self.unstarted(b.url), b.outstanding_tokens, b.active, b.url)
                     )
                 return entry, min(fitting, key=lambda b: (b.outstanding_tokens, b.active, b.url))
-            if any(miss != "tenant_share" for miss in misses):
+            if any(miss not in ("tenant_share", "shield_duty") for miss in misses):
                 return None
         return None
 
@@ -381,7 +405,8 @@ class Dispatcher:
         a busy engine qualify: those still wait for the engine's current step (a decode step, tens of ms)
         to end, so the engine drops them at no cost (SGLang's abort of a queued request); an older one
         may be in its prefill step, which an abort would waste without speeding `ticket` up. A prompt is
-        taken back once at most. Call before `commit`; they leave `pending` at once."""
+        taken back once at most. Call before `commit`; they leave `pending` (and the backend's spacing:
+        they never ran) at once."""
         if shield.tokens is None or shield.revoke_s is None or not self._on_top(ticket, shield):
             return []
         rank, waiting = self.rank(ticket), self.pending.get(backend.url, {})
@@ -396,19 +421,29 @@ class Dispatcher:
                 victims.append(p.ticket)
                 left -= p.tokens
                 del waiting[id(p.ticket)]
+                self.spacing.get(backend.url, {}).pop(id(p.ticket), None)  # it never ran
         return victims
 
     def commit(
-        self, ticket: Ticket, backend: BackendState, *, loan: bool = False, revoke_s: float | None = None
+        self, ticket: Ticket, backend: BackendState, *, loan: bool = False, shield: ShieldPolicy | None = None
     ) -> int:
         """Account a dispatch on the backend (`release` undoes exactly that) and in the round; returns its
         engine priority. A loan (another pool's request on our backend) spends the round's prefill budget
         but is not our traffic: it neither raises the round's bar nor counts as arrival pressure for the
-        window. `revoke_s`: the request can be taken back (`preempt`) for that long if the backend is busy."""
+        window. `shield`: the request can be taken back (`preempt`) for `shield.preempt_s` if the backend
+        is busy, and a big lower-ranked prompt (a loan too: the engine's time is the same) starts the
+        backend's spacing (`spaced`)."""
         cost = ticket.cost
         rank = self.rank(ticket)  # as it stood when it was chosen
         prio = self.engine_priority(ticket, rank)
+        revoke_s = None if shield is None else shield.preempt_s
         revocable_until = self.now + revoke_s if revoke_s is not None and backend.active else -math.inf
+        if shield is not None and self._lone(ticket, rank, shield):
+            assert shield.duty is not None  # _lone
+            spaced = self.spacing.setdefault(backend.url, {})
+            for key in [key for key, until in spaced.items() if until <= self.now]:
+                del spaced[key]
+            spaced[id(ticket)] = self.now + cost.prompt_tokens / self.prefill_rate / shield.duty
         self.holdings.add(backend.url, ticket)
         backend.active += 1
         backend.outstanding_tokens += cost.total_tokens

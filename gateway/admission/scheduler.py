@@ -156,7 +156,7 @@ class PoolScheduler:
         if placed is None:
             return None
         backend = placed[1]
-        prio = self.dispatcher.commit(entry.ticket, backend, loan=True, revoke_s=budgets.shield.preempt_s)
+        prio = self.dispatcher.commit(entry.ticket, backend, loan=True, shield=budgets.shield)
         self.lent += 1
         return backend, prio
 
@@ -192,7 +192,7 @@ class PoolScheduler:
                 entry, backend = placed
                 self._preempt(entry.ticket, backend, budgets)
                 revoke_s = budgets.shield.preempt_s
-                prio = self.dispatcher.commit(entry.ticket, backend, revoke_s=revoke_s)
+                prio = self.dispatcher.commit(entry.ticket, backend, shield=budgets.shield)
                 self._dispatch(entry, backend, now, prio, loan=False, revocable=revoke_s is not None)
                 continue
             borrowed = self._borrow(now)

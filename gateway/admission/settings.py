@@ -146,6 +146,17 @@ class ShieldPolicy(_Strict):
     hold_s: float = Field(
         default=10.0, gt=0, description="How long after the last higher-ranked dispatch the shield stays up."
     )
+    duty: float | None = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="While the shield is up, the lower-ranked prompts above `tokens` (they go alone) take at "
+        "most this share of a backend's time: after one goes there, the next waits for its predicted prefill "
+        "(prompt / measured prefill rate) divided by this; smaller prompts pass it meanwhile. No engine "
+        "preempts a prefill step in flight: a higher-ranked arrival waits for it, and the higher-ranked "
+        "streams decoding there stall for it (SGLang runs a waiting prefill before the next decode step). "
+        "None: as often as the other budgets allow.",
+    )
     revoke_s: float | None = Field(
         default=None,
         gt=0,

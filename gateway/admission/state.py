@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 def pool_snapshot(s: PoolScheduler) -> dict[str, Any]:
     """Queue per priority (depth, oldest wait), the head of the queue and what stops it per backend
     ("window" while the window holds; "round_group", "concurrency", "round_prefill", "prefill_shield",
-    "kv_watermark", "bucket_cap", "excluded", "unavailable"), the round, the window, per-backend budgets, and
-    rejections by reason/class."""
+    "shield_duty", "kv_watermark", "bucket_cap", "excluded", "unavailable"), the round, the window,
+    per-backend budgets, and rejections by reason/class."""
     policy = s.policy_getter()
     now = s.clock()
     budgets = s.metered_budgets(policy, now)

@@ -218,7 +218,8 @@ async def test_snapshot_tells_why_the_head_of_the_queue_waits() -> None:
     pol = policy(
         controller=FIXED_1,
         window={"max_window_s": 0.5, "light_load": 0.5, "full_load": 1.0},
-        budgets={"prefill_tokens_per_round": 1024},
+        # no spacing of big lower-band prompts: `late` (718, below band 10) would wait for `low`'s turn
+        budgets={"prefill_tokens_per_round": 1024, "shield": {"duty": None}},
     )
     s = _sched(pol, clock=clock)
     running = await s.acquire(ticket(prompt=300))
@@ -370,13 +371,14 @@ async def test_chaos_never_exceeds_budgets_and_returns_every_counter_to_zero() -
             "prefill_tokens_per_round": 1000,
             "round_s": 0.05,
             "bucket_caps": {"multi_image": 1},
-            "shield": {"tokens": 300, "revoke_s": 0.1},
+            "shield": {"tokens": 300, "revoke_s": 0.1, "duty": 0.3},
         },
         queue={"classes": {"interactive": {"ttft_p99_s": 1.0, "max_queue_depth": 20, "max_wait_s": 1.0}}},
     )
     pool = backends(2)
     s = _sched(pol, pool, clock)
     rounds: dict[tuple[float | None, str], list[int]] = {}
+    spaced: list[int] = []  # big lower-ranked prompts spacing the backend after each dispatch
     violations: list[str] = []
     outcomes: dict[str, int] = {}
 
@@ -432,7 +434,9 @@ async def test_chaos_never_exceeds_budgets_and_returns_every_counter_to_zero() -
 
     def recording_commit(t: Ticket, b: BackendState, **kw: Any) -> int:  # each round's releases, per backend
         rounds.setdefault((s.dispatcher.round_started, b.url), []).append(t.cost.prompt_tokens)
-        return commit(t, b, **kw)
+        prio = commit(t, b, **kw)
+        spaced.append(len(s.dispatcher.spacing.get(b.url, {})))
+        return prio
 
     s.dispatcher.commit = recording_commit  # type: ignore[method-assign,assignment]
     runner = asyncio.create_task(s.run())
@@ -458,6 +462,7 @@ async def test_chaos_never_exceeds_budgets_and_returns_every_counter_to_zero() -
     assert outcomes.get("ok", 0) > 50 and outcomes.get("cancelled", 0) > 0, outcomes
     # a lease revoked while its client was being cancelled ends as "cancelled"
     assert 0 < outcomes.get("revoked", 0) <= s.preempted, outcomes
+    assert max(spaced) > 0  # big lower-ranked prompts were spaced (shield.duty) along the way
     refused = {"ok", "overloaded", "error", "cancelled", "revoked"}
     assert sum(n for code, n in outcomes.items() if code not in refused) > 0
     _assert_idle(s)

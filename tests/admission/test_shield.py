@@ -131,9 +131,54 @@ async def test_a_tenant_under_its_share_raises_the_shield_in_its_own_band() -> N
     assert third.done()  # heavy[1]'s 300 still waits in the engine, and 300 + 100 ≤ 512
 
 
+async def test_big_lower_ranked_prompts_are_spaced_by_duty_and_small_ones_pass() -> None:
+    clock = FakeClock()
+    # neither the round's end nor the deadline re-check wakes the pump before the spaced turn
+    s = _sched(clock, {"recheck_interval_s": 10.0}, round_s=10.0, prefill_tokens_per_round=10**6)
+    (await s.acquire(ticket(priority=10, prompt=100))).started()
+    first = await s.acquire(ticket(priority=5, prompt=2000))  # alone: nothing waits in the engine
+    first.started()
+    second = await spawn(s, ticket(priority=5, prompt=2000))
+    assert not second.done() and s.snapshot()["head"]["blocked_by"] == {"http://b0": "shield_duty"}
+    small = await spawn(s, ticket(priority=5, prompt=300))
+    assert small.done() and not second.done()  # within `tokens`: not spaced, and it passes
+    small.result().started()
+    assert s._next_wake == 1002.0  # 2000 tokens at the prior 10 000 tokens/s, over duty 0.1
+    clock.now = 1002.0 - 1e-6
+    s.pump()
+    await settle()
+    assert not second.done()
+    clock.now = 1002.0
+    s.pump()  # what run() does at _next_wake
+    await settle()
+    assert second.done() and s.dispatcher.spacing["http://b0"] == {id(second.result().ticket): 1004.0}
+
+
+@pytest.mark.parametrize("case", ["duty null", "no higher rank", "the top rank"])
+async def test_what_duty_does_not_space(case: str) -> None:
+    s = _sched(
+        FakeClock(), prefill_tokens_per_round=10**6, shield={"duty": None if case == "duty null" else 0.1}
+    )
+    if case != "no higher rank":
+        (await s.acquire(ticket(priority=10, prompt=100))).started()
+    band = 10 if case == "the top rank" else 5
+    for _ in range(3):  # each alone in the engine once the one before started
+        (await s.acquire(ticket(priority=band, prompt=2000))).started()
+    assert s.dispatcher.spacing == {}
+
+
 @pytest.mark.parametrize(
     "shield",
-    [{"tokens": 0}, {"tokens": -512}, {"hold_s": 0}, {"tokens": "many"}, {"token": 512}, {"revoke_s": 0}],
+    [
+        {"tokens": 0},
+        {"tokens": -512},
+        {"hold_s": 0},
+        {"tokens": "many"},
+        {"token": 512},
+        {"revoke_s": 0},
+        {"duty": 0},
+        {"duty": 1.5},
+    ],
 )
 def test_an_invalid_shield_is_refused_with_the_field_named(shield: dict[str, object]) -> None:
     with pytest.raises(ValidationError) as info:
@@ -182,6 +227,7 @@ async def test_a_protected_request_takes_back_a_big_prompt_still_waiting_in_a_bu
     high = await s.acquire(ticket(priority=10, prompt=100))
     assert taken == [1] and s.preempted == 1 and big.ticket.preempted
     assert _pending(s) == 100  # only the band-10 prompt waits for its batch now
+    assert s.dispatcher.spacing == {"http://b0": {}}  # it never ran: no spacing after it
     big.release(Usage(0, 0), "revoked")  # what the pipeline does, then it queues it again
     again = await spawn(s, big.ticket, requeued=True)
     assert not again.done()  # the shield: it would ride in the band-10 prompt's batch
