@@ -152,7 +152,7 @@ class PoolScheduler:
         idle = [b for b in self.backends if backend_load(b, limits[b.url], budgets) < budgets.lend.max_load]
         if not self.dispatcher.round_open(now, budgets):
             self.dispatcher.open_round(now, budgets=budgets)
-        placed = self.dispatcher.place([entry], idle, budgets, limits)
+        placed = self.dispatcher.place([entry], idle, budgets, limits, loan=True)
         if placed is None:
             return None
         backend = placed[1]

@@ -146,6 +146,46 @@ async def test_a_loan_teaches_the_lenders_limit_and_prefill_rate_not_the_borrowe
         t.result().release(None, "ok")
 
 
+async def test_loans_are_neither_spaced_nor_space_the_lenders_own_prompts() -> None:
+    """`shield.duty` spaces the lender's own big lower-ranked prompts only: a loan runs below the
+    lender's `max_load` and is given back when the lender's requests wait."""
+    clock = FakeClock()
+    i0 = BackendState(url="http://i0", pool="interactive")
+    o0 = BackendState(url="http://o0", pool="offline")
+    pol = policy(
+        controller={"algorithm": "fixed", "initial": 8, "min": 8, "max": 8},
+        queue={"priorities": {"reserve_fraction": 0}},
+        fairness={"reserve_fraction": 0},
+        window={"enabled": False},
+        budgets={
+            "prefill_tokens_per_round": 10**6,
+            "pools": {"interactive": {"lend": {"enabled": True, "max_load": 1.0}}},
+        },
+    )
+    inter = PoolScheduler("interactive", [i0], lambda: pol, clock=clock)
+    off = PoolScheduler("offline", [o0], lambda: pol, clock=clock)
+    inter.lend_to(off)
+    own = [await spawn(off, _offline()) for _ in range(8)]
+    high = await inter.acquire(ticket(priority=10, prompt=100))
+    high.started()  # the shield is up in the interactive pool: band 10 was there
+    loans = []
+    for _ in range(2):
+        loans.append(await spawn(off, ticket(cls="offline", tenant="batch", prompt=2000, stream=False)))
+        assert loans[-1].result().loan and loans[-1].result().backend is i0
+        clock.advance(0.2)  # its predicted prefill (2000 tokens at 10 000 tokens/s): no longer waiting
+    first = await inter.acquire(ticket(priority=5, prompt=2000))  # the loans left no spacing
+    first.started()
+    second = await spawn(inter, ticket(priority=5, prompt=2000))
+    assert not second.done() and inter.snapshot()["head"]["blocked_by"] == {"http://i0": "shield_duty"}
+    assert inter.dispatcher.spacing == {"http://i0": {id(first.ticket): clock() + 2.0}}
+    for t in [*own, *loans, second]:
+        t.cancel() if not t.done() else t.result().release(None, "ok")
+    for lease in (high, first):
+        lease.release(None, "ok")
+    await asyncio.sleep(0)
+    assert (i0.active, o0.active, inter.lent, off.borrowed, len(inter.queue)) == (0, 0, 0, 0, 0)
+
+
 def test_a_pool_override_names_only_what_differs_the_rest_is_the_top_level_budgets() -> None:
     pol = policy(
         budgets={
