@@ -236,8 +236,9 @@ class Dispatcher:
         loan: bool = False,
     ) -> str | None:
         """The first shared budget `ticket` does not fit on `backend` (None: it fits): a slot
-        ("concurrency", "band_reserve", "tenant_share"), "round_prefill", "kv_watermark". `metered=False`
-        leaves out the round's prefill budget, which frees itself within `round_s`."""
+        ("concurrency", "band_reserve", "tenant_share"), "round_prefill", "prefill_shield", "shield_duty",
+        "kv_watermark". `metered=False` leaves out the round's prefill budget, the shield and the spacing,
+        which free themselves in time; `loan`: another pool's request, never spaced (see `commit`)."""
         miss = slot_miss(ticket, backend, limit, self.rule, self.holdings)
         if miss is not None:
             return miss
@@ -353,7 +354,7 @@ class Dispatcher:
         loan: bool = False,
     ) -> tuple[Entry, BackendState] | None:
         """The first entry in `order` that fits somewhere, and where; None when nothing may go now.
-        `loan`: another pool's request (it is not spaced, see `commit`)."""
+        `loan`: `order` is another pool's request (not spaced, see `commit`)."""
         usable = [b for b in backends if b.available]
         for entry in order:
             if not self.joins_round(entry):
