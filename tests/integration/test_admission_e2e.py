@@ -514,3 +514,48 @@ async def test_a_preempted_prompt_is_aborted_queued_again_and_answered(stack: St
         if s.name == "sglang:num_aborted_requests_total"
     ] == [1.0]
     assert left == []
+
+
+async def test_a_second_big_lower_band_prompt_waits_its_spaced_turn(stack: Stack) -> None:
+    """`shield.duty`: while a band-10 request is about, a big band-0 prompt goes alone, and the next one
+    waits at the gateway (`shield_duty` in /admin/state) for the first one's predicted prefill / duty —
+    then goes, and both clients get their whole answers."""
+    # ~30 prompt tokens at the prior 10 000 tokens/s over duty 0.001: ~3 s of spacing
+    stack.policy.write_text(POLICY.replace("{tokens: 32, revoke_s: 0.05}", "{tokens: 8, duty: 0.001}"))
+    sim = stack.sim(seed=5, time_scale=2.0).url
+    gw = stack.gateway([{"name": "interactive", "backends": [sim]}])
+    await wait_ready(gw)
+    url = gw + "/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=30) as client:
+
+        async def send(body: dict[str, Any]) -> bytes:
+            async with client.stream("POST", url, json=body, headers={"x-priority": "0"}) as resp:
+                data = await resp.aread()
+            assert resp.status_code == 200, data
+            return data
+
+        async def head_blocked_by() -> dict[str, str] | None:
+            state = (await client.get(gw + "/admin/state", headers=ADMIN)).json()["pools"]["interactive"]
+            return None if state["head"] is None else state["head"]["blocked_by"]
+
+        async with client.stream("POST", url, json=chat(200), headers={"x-priority": "10"}) as high:
+            rest = high.aiter_raw()
+            await anext(rest)  # its first byte: nothing waits in the engine, a band-0 prompt may go alone
+            first = await send(chat(4))
+            second = asyncio.create_task(send(chat(4)))
+            seen = []
+            for _ in range(100):
+                seen.append(await head_blocked_by())
+                if seen[-1] is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert seen[-1] == {sim: "shield_duty"} and not second.done()
+            answers = [first, await asyncio.wait_for(second, 20)]
+            assert await head_blocked_by() is None
+        for _ in range(100):  # the last release may follow the last byte by a moment
+            if not (left := await gateway_idle(client, gw)):
+                break
+            await asyncio.sleep(0.02)
+    for data in answers:
+        assert data.endswith(b"data: [DONE]\n\n") and b'"finish_reason":"length"' in data
+    assert left == []
