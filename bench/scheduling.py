@@ -15,8 +15,8 @@ Scenarios (each a flag-sized run; `--duration` is simulated seconds per run):
   direct to the engines (cap 64), omnigate with a fixed concurrency limit for each `--sweep` value,
   omnigate adaptive (the policy's gradient controller). Targets: adaptive ≥ 1.5× direct goodput under
   the sawtooth peak, and ≥ 95 % of the best fixed limit's. One run's peak goodput spreads ±6 % (about
-  100 requests decide it), as much as that target: `--repeats 3` runs every setting three times,
-  interleaved, and judges the means (printing each one's range).
+  100 requests decide it), as much as that target: `--repeats 3 --duration 180` runs every setting
+  three times, interleaved, three times longer, and judges the means (printing each one's range).
 - flood: a low-priority flood at 3× capacity next to a high-priority stream; high TTFT P99 ≤ its SLO.
 - tenants: a light tenant alone, then beside a tenant sending 10× its rate; light TTFT P99 ≤ 1.2× alone
   (`--tenants-duration`, 240 simulated s: ~320 light requests, so the P99 is not their maximum;
