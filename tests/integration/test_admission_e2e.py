@@ -228,6 +228,16 @@ async def gateway_idle(client: httpx.AsyncClient, gw: str) -> list[str]:
     return left
 
 
+async def gateway_settled(client: httpx.AsyncClient, gw: str) -> list[str]:
+    """`gateway_idle` once the counters had ~2 s to settle: the last release may follow the last byte
+    by a moment."""
+    for _ in range(100):
+        if not (left := await gateway_idle(client, gw)):
+            break
+        await asyncio.sleep(0.02)
+    return left
+
+
 async def test_chaos_then_every_counter_returns_to_zero(stack: Stack) -> None:
     sims = [stack.sim(seed=3).url, stack.sim(seed=4).url, stack.sim(seed=5).url]
     gw = stack.gateway([{"name": "interactive", "backends": sims}])
@@ -497,10 +507,7 @@ async def test_a_preempted_prompt_is_aborted_queued_again_and_answered(stack: St
         metrics_text = (await client.get(gw + "/metrics")).text
         state = (await client.get(gw + "/admin/state", headers=ADMIN)).json()["pools"]["interactive"]
         aborted = (await client.get(sim + "/metrics")).text
-        for _ in range(100):  # the last release may follow the last byte by a moment
-            if not (left := await gateway_idle(client, gw)):
-                break
-            await asyncio.sleep(0.02)
+        left = await gateway_settled(client, gw)
     for data in answers:
         assert data.endswith(b"data: [DONE]\n\n") and b'"finish_reason":"length"' in data
     assert _counter(metrics_text, name, "interactive") == before + 1 and state["preempted"] == 1
@@ -552,10 +559,7 @@ async def test_a_second_big_lower_band_prompt_waits_its_spaced_turn(stack: Stack
             assert seen[-1] == {sim: "shield_duty"} and not second.done()
             answers = [first, await asyncio.wait_for(second, 20)]
             assert await head_blocked_by() is None
-        for _ in range(100):  # the last release may follow the last byte by a moment
-            if not (left := await gateway_idle(client, gw)):
-                break
-            await asyncio.sleep(0.02)
+        left = await gateway_settled(client, gw)
     for data in answers:
         assert data.endswith(b"data: [DONE]\n\n") and b'"finish_reason":"length"' in data
     assert left == []
