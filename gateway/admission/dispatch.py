@@ -270,9 +270,8 @@ class Dispatcher:
     def spaced(self, ticket: Ticket, rank: float, backend: BackendState, shield: ShieldPolicy) -> bool:
         """Is `ticket` a lower-ranked prompt too big for the shield whose spaced turn on `backend` has not
         come (`shield.duty`: the last such prompt sent there, predicted prefill / duty ago)?"""
-        if not self._lone(ticket, rank, shield):
-            return False
-        held = any(until > self.now for until in self.spacing.get(backend.url, {}).values())
+        spacing = self.spacing.get(backend.url, {}).values()  # mostly empty: no scan of the ranks then
+        held = any(until > self.now for until in spacing) and self._lone(ticket, rank, shield)
         self.shield_held |= held
         return held
 

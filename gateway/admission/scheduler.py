@@ -191,9 +191,9 @@ class PoolScheduler:
             if placed is not None:
                 entry, backend = placed
                 self._preempt(entry.ticket, backend, budgets)
-                revoke_s = budgets.shield.preempt_s
                 prio = self.dispatcher.commit(entry.ticket, backend, shield=budgets.shield)
-                self._dispatch(entry, backend, now, prio, loan=False, revocable=revoke_s is not None)
+                revocable = budgets.shield.preempt_s is not None
+                self._dispatch(entry, backend, now, prio, loan=False, revocable=revocable)
                 continue
             borrowed = self._borrow(now)
             if borrowed is None:
