@@ -24,7 +24,7 @@ from gateway.observability.record import latencies
 from gateway.openai_api import Endpoint, ParsedRequest, parse_request, read_body, upstream_error
 from gateway.proxy import OpenUpstream, UpstreamError, open_upstream
 from gateway.sse import SSERelay, error_event
-from gateway.ticket import Ticket, Usage
+from gateway.ticket import Outcome, Ticket, Usage
 
 if TYPE_CHECKING:
     from gateway.admission.scheduler import Lease
@@ -120,21 +120,21 @@ class CompletionEndpoint:
                     watcher.cancel()
         except ApiError as e:
             error = e.message
-            if ticket.outcome == "pending":
-                ticket.outcome = "rejected" if e.status in (429, 503) else "client_error"
+            if ticket.outcome == Outcome.PENDING:
+                ticket.outcome = Outcome.REJECTED if e.status in (429, 503) else Outcome.CLIENT_ERROR
             ticket.error_code = e.code
             if not ex.started and not ex.disconnected:
                 ex.status = e.status
                 await send_error(send, e)
         except Exception:
             log.exception("request %s failed", ticket.id)
-            ticket.outcome, error = "internal_error", "internal gateway error"
+            ticket.outcome, error = Outcome.INTERNAL_ERROR, "internal gateway error"
             if not ex.started and not ex.disconnected:
                 ex.status = 500
                 await send_error(send, ApiError(500, "Internal gateway error.", code="internal_error"))
         finally:
-            if ex.disconnected and ticket.outcome in ("pending", "ok"):
-                ticket.outcome = "cancelled"
+            if ex.disconnected and ticket.outcome in (Outcome.PENDING, Outcome.OK):
+                ticket.outcome = Outcome.CANCELLED
             scope["state"]["access_logged"] = self.gw.access is not None
             await self.gw.finish(ticket, reservation, ex.status, error or ticket.error)
 
@@ -160,7 +160,7 @@ class CompletionEndpoint:
     def _release(self, ticket: Ticket, lease: Lease) -> None:
         """Return the backend's budgets; the lease feeds the controller and the prefill-rate estimate."""
         ttft, tpot = engine_latencies(ticket)
-        lease.release(ticket.usage, "ok" if ticket.outcome == "ok" else ticket.outcome, ttft, tpot)
+        lease.release(ticket.usage, ticket.outcome, ttft, tpot)
 
     async def _open(
         self, ticket: Ticket, pool: Pool, body: dict[str, Any], headers: dict[str, str], policy: Any
@@ -201,7 +201,8 @@ class CompletionEndpoint:
                         stream=ticket.stream,
                     )
             except UpstreamError as e:
-                lease.release(Usage(0, 0), "overloaded" if e.status in (429, 503) else "error")
+                overloaded = e.status in (429, 503)
+                lease.release(Usage(0, 0), Outcome.OVERLOADED if overloaded else Outcome.UPSTREAM_ERROR)
                 metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend, e.phase).inc()
                 if e.phase != "status" or e.status >= 500:
                     owner.record_failure(backend)
@@ -220,17 +221,17 @@ class CompletionEndpoint:
                     )
                     continue
                 client_fault = e.phase == "status" and 400 <= e.status < 500 and e.status != 429
-                ticket.outcome = "client_error" if client_fault else "upstream_error"
+                ticket.outcome = Outcome.CLIENT_ERROR if client_fault else Outcome.UPSTREAM_ERROR
                 if e.phase == "status":
                     raise upstream_error(e.status, e.body) from None
                 raise ApiError(e.status, e.message, code=f"backend_{e.phase}") from None
             except BaseException:
-                lease.release(Usage(0, 0), "cancelled")
+                lease.release(Usage(0, 0), Outcome.CANCELLED)
                 raise
             finally:
                 lease.disarm()
             if revocable is not None and revocable.cancelled_caught:
-                lease.release(Usage(0, 0), "revoked")
+                lease.release(Usage(0, 0), Outcome.REVOKED)
                 requeued = True
                 if lease.loan:  # the lender's own requests wait for the backend: queue in our own pool
                     metrics.LOANS_REVOKED.labels(pool.name).inc()
@@ -259,7 +260,7 @@ class CompletionEndpoint:
             ticket.usage = Usage(
                 int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
             )
-        ticket.outcome = "ok"
+        ticket.outcome = Outcome.OK
         ex.started = ex.complete = True
         ex.status = 200
         await send_json(ex.send, 200, body, self.gw.client_headers(ticket))
@@ -300,20 +301,20 @@ class CompletionEndpoint:
                     dog.reading()
             tail = relay.flush()
             if not relay.done:
-                ticket.outcome, ticket.error_status = "upstream_error", 502
+                ticket.outcome, ticket.error_status = Outcome.UPSTREAM_ERROR, 502
                 ticket.error = "Backend closed the stream before it finished."
                 tail += error_event(ticket.error)
                 metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", "truncated").inc()
             elif relay.error:
-                ticket.outcome = "upstream_error"
+                ticket.outcome = Outcome.UPSTREAM_ERROR
                 ticket.error = str(relay.error.get("message") or "backend error event")
                 code = relay.error.get("code")
                 ticket.error_status = code if isinstance(code, int) else 502
             else:
-                ticket.outcome = "ok"
+                ticket.outcome = Outcome.OK
             await ex.finish(tail)
         except UpstreamError as e:
-            ticket.outcome = "timeout" if e.status == 504 else "upstream_error"
+            ticket.outcome = Outcome.TIMEOUT if e.status == 504 else Outcome.UPSTREAM_ERROR
             ticket.error, ticket.error_status = e.message, e.status
             metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", e.phase).inc()
             self.gw.pools[lease.backend.pool].record_failure(lease.backend)

@@ -33,7 +33,7 @@ from gateway.reloader import PolicyHolder
 from gateway.tenants.models import Tenant
 from gateway.tenants.quota import LIMIT_CODES
 from gateway.tenants.service import QuotaExceeded, Reservation, TenantService
-from gateway.ticket import Ticket
+from gateway.ticket import FAILED_OUTCOMES, Outcome, Ticket
 
 log = logging.getLogger("omnigate")
 
@@ -47,7 +47,6 @@ _REASONS = {
     LIMIT_CODES["monthly_tokens"]: "budget",
 }
 _CAPACITY_REJECTIONS = frozenset({"slo_unattainable", "displaced", "queue_full"})
-FAILED_OUTCOMES = frozenset({"upstream_error", "timeout", "internal_error"})
 
 
 def rejection_reason(status: int, code: str | None) -> str:
@@ -204,8 +203,8 @@ class Gateway:
         """Everything that happens once per request, whatever its outcome; never raises."""
         if ticket.finished_at is None:
             ticket.finished_at = self.clock()
-        if ticket.outcome == "pending":
-            ticket.outcome = "ok"
+        if ticket.outcome == Outcome.PENDING:
+            ticket.outcome = Outcome.OK
         usage = ticket.usage
         try:
             if reservation is not None:
@@ -224,7 +223,7 @@ class Gateway:
         slo = self.policy.current.queue.classes.get(ticket.traffic_class)
         ttft_slo = slo.ttft_p99_s if slo else None
         tpot_slo = slo.tpot_p99_s if slo else None
-        if ticket.outcome in ("rejected", "client_error"):
+        if ticket.outcome in (Outcome.REJECTED, Outcome.CLIENT_ERROR):
             reason = rejection_reason(status, ticket.error_code)
             record.record_rejection(ticket, reason)
             self.rejected += 1
@@ -240,7 +239,7 @@ class Gateway:
                 )
         else:
             lat = record.record_finished(ticket)
-            if ticket.outcome != "cancelled":
+            if ticket.outcome != Outcome.CANCELLED:
                 self.slo.observe(
                     ticket.traffic_class,
                     self.clock(),
@@ -250,7 +249,7 @@ class Gateway:
                     tpot_slo=tpot_slo,
                     failed=ticket.outcome in FAILED_OUTCOMES,
                 )
-            if ticket.outcome == "ok" and ticket.usage is not None:
+            if ticket.outcome == Outcome.OK and ticket.usage is not None:
                 self.estimator.observe(
                     ticket.tenant,
                     ticket.bucket,
@@ -258,7 +257,7 @@ class Gateway:
                     ticket.usage.prompt_tokens,
                     ticket.usage.completion_tokens,
                 )
-        if ticket.outcome == "cancelled" and ticket.pool:
+        if ticket.outcome == Outcome.CANCELLED and ticket.pool:
             metrics.CLIENT_DISCONNECTS.labels(ticket.pool).inc()
         if ticket.outcome in FAILED_OUTCOMES:
             event = FailureEvent.from_ticket(

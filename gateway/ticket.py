@@ -6,6 +6,29 @@ Stages read it; few write it. Times are monotonic seconds from the gateway's clo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    """How a request (or a lease on a backend) ended; the `outcome` label of `omnigate_requests_total`.
+
+    PENDING until it ends. OVERLOADED (the backend answered 429/503) and REVOKED (taken back from a
+    backend to queue again) end a lease only, never a request."""
+
+    PENDING = "pending"
+    OK = "ok"
+    REJECTED = "rejected"
+    CLIENT_ERROR = "client_error"
+    CANCELLED = "cancelled"
+    UPSTREAM_ERROR = "upstream_error"
+    TIMEOUT = "timeout"
+    INTERNAL_ERROR = "internal_error"
+    OVERLOADED = "overloaded"
+    REVOKED = "revoked"
+
+
+FAILED_OUTCOMES = frozenset({Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT, Outcome.INTERNAL_ERROR})
+"""Outcomes that are the gateway's or the backend's failure: they alert and count against the SLO."""
 
 
 @dataclass(slots=True)
@@ -66,7 +89,7 @@ class Ticket:
     last_token_at: float | None = None
     finished_at: float | None = None
     usage: Usage | None = None
-    outcome: str = "pending"
+    outcome: Outcome = Outcome.PENDING
     error_code: str | None = None
     error: str | None = None  # what went wrong, for the access log and failure alerts
     error_status: int | None = None  # the failure's status when the client already got 200 (mid-stream)

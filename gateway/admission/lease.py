@@ -21,12 +21,12 @@ import anyio
 from gateway.admission.queue import Entry
 from gateway.backends.state import BackendState
 from gateway.errors import ApiError
-from gateway.ticket import Ticket, Usage
+from gateway.ticket import Outcome, Ticket, Usage
 
-DROP_OUTCOMES = frozenset({"overloaded"})
+DROP_OUTCOMES = frozenset({Outcome.OVERLOADED})
 """Outcomes the concurrency limit treats as drops: the backend answered 503 / queue full."""
 
-OnRelease = Callable[["Lease", Usage | None, str, float | None, float | None], None]
+OnRelease = Callable[["Lease", Usage | None, Outcome, float | None, float | None], None]
 
 
 class Lease:
@@ -86,12 +86,12 @@ class Lease:
     def release(
         self,
         usage: Usage | None = None,
-        outcome: str = "ok",
+        outcome: Outcome = Outcome.OK,
         ttft_s: float | None = None,
         tpot_s: float | None = None,
     ) -> None:
         """Give back every budget (idempotent). `usage` None keeps the estimate as the fairness charge;
-        `ttft_s` is measured from dispatch; outcome "ok" feeds the limit, "overloaded" counts as a drop."""
+        `ttft_s` is measured from dispatch; OK feeds the limit, OVERLOADED counts as a drop."""
         if self.released:
             return
         self.released = True

@@ -30,7 +30,7 @@ from gateway.admission.window import BatchWindow, QueueLoad, under_load
 from gateway.backends.state import BackendState
 from gateway.errors import ApiError
 from gateway.policy import Policy
-from gateway.ticket import Ticket, Usage
+from gateway.ticket import Outcome, Ticket, Usage
 
 __all__ = ["DROP_OUTCOMES", "Lease", "PoolScheduler"]  # Lease and DROP_OUTCOMES live in lease.py
 
@@ -459,12 +459,12 @@ class PoolScheduler:
         """The caller was cancelled while waiting: leave the queue, or give back a lease it never saw."""
         self._waiters.pop(entry, None)
         if waiter.lease is not None:
-            waiter.lease.release(Usage(0, 0), "cancelled")
+            waiter.lease.release(Usage(0, 0), Outcome.CANCELLED)
         elif self.queue.remove(entry):
             self.pump()
 
     def _release(
-        self, lease: Lease, usage: Usage | None, outcome: str, ttft_s: float | None, tpot_s: float | None
+        self, lease: Lease, usage: Usage | None, outcome: Outcome, ttft_s: float | None, tpot_s: float | None
     ) -> None:
         self._leases.discard(lease)
         if lease.loan and self._lender is not None:
@@ -495,10 +495,10 @@ class PoolScheduler:
             usage.prompt_tokens if usage is not None and usage.prompt_tokens else ticket.cost.prompt_tokens
         )
         # the engine that did the work learns from it: a loan's samples go to the lender's rate and limit
-        if outcome == "ok" and ttft_s is not None:
+        if outcome == Outcome.OK and ttft_s is not None:
             owner.observe_prefill(prompt, ttft_s)
         limit = owner.limits.get(backend.url)
-        if limit is not None and (outcome == "ok" or outcome in DROP_OUTCOMES):
+        if limit is not None and (outcome == Outcome.OK or outcome in DROP_OUTCOMES):
             shared = None if entry.slo.tpot_p99_s is not None else owner._batch_tpot_target(backend)
             ratio = latency_ratio(entry.slo, ttft_s, tpot_s, prompt / owner.rate.at(self.clock()), shared)
             limit.update(Sample(self.clock(), in_flight, ratio, dropped=outcome in DROP_OUTCOMES))

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 from gateway.observability.record import latencies
-from gateway.ticket import Ticket
+from gateway.ticket import Outcome, Ticket
 
 _log = logging.getLogger("omnigate.access")
 
@@ -87,7 +87,8 @@ class AccessLog:
 
     def log(self, t: Ticket, status: int) -> bool:
         """Write the request's line unless sampled out; returns whether it was written."""
-        if t.outcome == "ok" and status < 400 and self.sample_rate < 1.0 and self._rand() >= self.sample_rate:
+        success = t.outcome == Outcome.OK and status < 400
+        if success and self.sample_rate < 1.0 and self._rand() >= self.sample_rate:
             return False
         record = access_record(t, status, self._clock(), self._wall())
         self._write(orjson.dumps(record).decode())

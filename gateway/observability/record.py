@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from gateway.backends.state import BackendState
 from gateway.observability import metrics as m
 from gateway.observability.rolling import ClassStats
-from gateway.ticket import Ticket
+from gateway.ticket import Outcome, Ticket
 
 REJECTION_REASONS = (
     "quota",
@@ -70,12 +70,12 @@ def record_finished(t: Ticket) -> Latencies:
         m.TTFT.labels(*labels).observe(lat.ttft)
     if lat.tpot is not None:
         m.TPOT.labels(*labels).observe(lat.tpot)
-    if lat.e2e is not None and t.outcome == "ok":
+    if lat.e2e is not None and t.outcome == Outcome.OK:
         m.E2E.labels(*labels).observe(lat.e2e)
     if t.usage is not None:
         m.TENANT_TOKENS.labels(t.tenant, "prompt").inc(t.usage.prompt_tokens)
         m.TENANT_TOKENS.labels(t.tenant, "completion").inc(t.usage.completion_tokens)
-        if t.outcome == "ok":
+        if t.outcome == Outcome.OK:
             _estimation(t)
     return lat
 
@@ -93,7 +93,7 @@ def _estimation(t: Ticket) -> None:
 def record_rejection(t: Ticket, reason: str) -> None:
     """A request the gateway refused; `reason` is one of REJECTION_REASONS."""
     m.REJECTIONS.labels(reason, t.traffic_class).inc()
-    m.REQUESTS.labels(t.pool, t.traffic_class, t.tenant, t.bucket, str(t.priority), "rejected").inc()
+    m.REQUESTS.labels(t.pool, t.traffic_class, t.tenant, t.bucket, str(t.priority), Outcome.REJECTED).inc()
 
 
 def record_queue(pool: str, priority: int, depth: int, oldest_wait_s: float) -> None:
