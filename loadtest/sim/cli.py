@@ -7,12 +7,18 @@ import argparse
 import uvicorn
 
 from loadtest.sim.config import SimConfig
-from loadtest.sim.faults import FaultConfig
+from loadtest.sim.faults import add_fault_flags, faults_from_args
+from loadtest.sim.omni.cli import main as omni_main
 from loadtest.sim.server import create_app
+
+API_CHOICES = ("sglang", "sglang-omni")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omnigate sim", description="Simulated SGLang Omni backend (no GPU).")
+    p.add_argument(
+        "--api", choices=API_CHOICES, default="sglang", help="sglang-omni: see `--api sglang-omni --help`"
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--profile", default="default", help="bundled profile name or path to a YAML profile")
@@ -28,19 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--oom-mode", choices=["retract", "crash"], default="retract")
     p.add_argument("--restart-s", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
-    f = p.add_argument_group("fault injection (durations in virtual seconds)")
-    for name, field in FaultConfig.model_fields.items():
-        flag = "--fault-" + name.replace("_", "-")
-        if field.annotation is bool:
-            f.add_argument(flag, action="store_true", help=field.description)
-        else:
-            kind = int if field.annotation is int else float
-            f.add_argument(flag, type=kind, default=field.default, help=field.description)
+    add_fault_flags(p)
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
-    faults = FaultConfig(**{name: getattr(args, "fault_" + name) for name in FaultConfig.model_fields})
+    faults = faults_from_args(args)
     return SimConfig(
         profile=args.profile,
         model=args.model,
@@ -60,6 +59,11 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    api = argparse.ArgumentParser(add_help=False)
+    api.add_argument("--api", choices=API_CHOICES, default="sglang")
+    chosen, _ = api.parse_known_args(argv)
+    if chosen.api == "sglang-omni":
+        return omni_main(argv)
     args = build_parser().parse_args(argv)
     try:
         config = config_from_args(args)

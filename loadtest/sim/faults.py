@@ -6,6 +6,7 @@ Draws come from one seeded RNG so a test that sends the same requests sees the s
 
 from __future__ import annotations
 
+import argparse
 import random
 from typing import Any
 
@@ -50,3 +51,19 @@ class FaultInjector:
     def stall_after(self) -> int | None:
         """Token index at which this stream pauses for stall_s, or None."""
         return 1 if self._hit(self.config.stall_rate) and self.config.stall_s > 0 else None
+
+
+def add_fault_flags(p: argparse.ArgumentParser) -> None:
+    """`--fault-<name>` for every FaultConfig field (both simulators' command lines)."""
+    f = p.add_argument_group("fault injection (durations in virtual seconds)")
+    for name, field in FaultConfig.model_fields.items():
+        flag = "--fault-" + name.replace("_", "-")
+        if field.annotation is bool:
+            f.add_argument(flag, action="store_true", help=field.description)
+        else:
+            kind = int if field.annotation is int else float
+            f.add_argument(flag, type=kind, default=field.default, help=field.description)
+
+
+def faults_from_args(args: argparse.Namespace) -> FaultConfig:
+    return FaultConfig(**{name: getattr(args, "fault_" + name) for name in FaultConfig.model_fields})

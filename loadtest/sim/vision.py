@@ -10,9 +10,12 @@ from loadtest.sim.profile import AudioModel, VisionModel
 PATCH_FACTOR = 28  # 14-px patches merged 2×2
 
 
-def smart_resize(height: int, width: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Qwen2-VL's resize to multiples of 28 within [min_pixels, max_pixels]."""
-    f = PATCH_FACTOR
+def smart_resize(
+    height: int, width: int, min_pixels: int, max_pixels: int, factor: int = PATCH_FACTOR
+) -> tuple[int, int]:
+    """Qwen2-VL's resize to multiples of `factor` (patch × merge: 28 for Qwen2-VL, 32 for Qwen3-Omni)
+    within [min_pixels, max_pixels]."""
+    f = factor
     h_bar = max(f, round(height / f) * f)
     w_bar = max(f, round(width / f) * f)
     if h_bar * w_bar > max_pixels:
