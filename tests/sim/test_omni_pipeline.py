@@ -8,6 +8,7 @@ import math
 import pytest
 
 from loadtest.sim.engine import SimRequest
+from loadtest.sim.omni.capacity import Stream, run_point
 from loadtest.sim.omni.pipeline import (
     CODE2WAV,
     IMAGE_ENCODER,
@@ -232,3 +233,16 @@ def test_talker_is_admitted_like_any_engine_request() -> None:
     req: SimRequest = (p.talker.engine.waiting or p.talker.engine.running)[0]
     extra = PROFILE.speech.talker_prompt_extra_tokens
     assert (req.prompt_tokens, req.output_len, req.encoder_tokens) == (77 + extra, frames(4) + 1, 1)
+
+
+def test_a_stream_stalls_when_a_chunk_comes_after_the_audio_before_it_ran_out() -> None:
+    steady = Stream(0.0, [(1.0, 0.8), (1.7, 0.8), (2.6, 0.8)])  # due by 1.8 and 2.6
+    assert not steady.stalls()
+    assert Stream(0.0, [(1.0, 0.8), (1.7, 0.8), (2.7, 0.8)]).stalls()
+    assert not Stream(0.0, []).stalls()
+
+
+def test_capacity_sweep_counts_what_the_pipeline_made() -> None:
+    point = run_point(PROFILE, "later", 2, duration=120.0, warmup=20.0, text_share=0.0, seed=1)
+    assert point.requests == len(point.rtf) > 0 and point.stalled == 0.0
+    assert all(r < 1 for r in point.rtf) and all(t > 0 for t in point.ttfa)

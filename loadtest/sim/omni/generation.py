@@ -38,6 +38,7 @@ from loadtest.sim.omni.runner import JobHandle, PipelineRunner
 from loadtest.sim.responses import output_text
 
 SPEECH_PREPROCESS_ERROR = "Preprocessing expects a list of chat messages"
+NO_AUDIO_ERROR = "No audio output generated from the pipeline."
 
 
 class StreamCut(Exception):
@@ -243,6 +244,8 @@ class Generator:
         ended = await self._wait(handle)
         if ended is not None:
             return detail_response(self._status(failure), ended)
+        if not job.talker:  # the --text-only pipeline: Client.speech finds no audio chunk
+            return detail_response(500, NO_AUDIO_ERROR)
         try:
             data, mime = audio.encode(
                 job.audio_samples, req.response_format, self.profile.speech.sample_rate, req.speed
