@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 
 import uvicorn
+from starlette.applications import Starlette
 
 from loadtest.sim.config import SimConfig
 from loadtest.sim.faults import add_fault_flags, faults_from_args
-from loadtest.sim.omni.cli import main as omni_main
+from loadtest.sim.omni import cli as omni_cli
 from loadtest.sim.server import create_app
 
 API_CHOICES = ("sglang", "sglang-omni")
@@ -58,16 +59,18 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
 
 
+def app_from_args(args: argparse.Namespace) -> Starlette:
+    return create_app(config_from_args(args))
+
+
 def main(argv: list[str] | None = None) -> int:
     api = argparse.ArgumentParser(add_help=False)
     api.add_argument("--api", choices=API_CHOICES, default="sglang")
-    chosen, _ = api.parse_known_args(argv)
-    if chosen.api == "sglang-omni":
-        return omni_main(argv)
-    args = build_parser().parse_args(argv)
+    omni = api.parse_known_args(argv)[0].api == "sglang-omni"
+    parser = omni_cli.build_parser() if omni else build_parser()
+    args = parser.parse_args(argv)
     try:
-        config = config_from_args(args)
-        app = create_app(config)
+        app = omni_cli.app_from_args(args) if omni else app_from_args(args)
     except ValueError as exc:  # pydantic ValidationError and unknown profiles are ValueErrors
         print(f"omnigate sim: {exc}")
         return 2

@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.support.processes import ROOT, Processes, child_env
 
 
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    p = Processes(tmp_path)
-    try:
-        yield p
-    finally:
-        p.close()
+def test_api_switch_starts_the_omni_server_and_keeps_sglang_the_default(tmp_path: Path) -> None:
+    with contextlib.closing(Processes(tmp_path)) as procs:
+        check_both(procs)
 
 
-def test_api_switch_starts_the_omni_server_and_keeps_sglang_the_default(procs: Processes) -> None:
+def check_both(procs: Processes) -> None:
     omni = procs.sim("--api", "sglang-omni", "--omni-release", "later", "--time-scale", "50", name="omni")
     health = httpx.get(omni.url + "/health").json()
     assert health["stages"][-1] == "code2wav" and health["entry_stage"] == "preprocessing"

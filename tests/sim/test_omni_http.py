@@ -454,3 +454,15 @@ def test_faults_switch_health_and_errors(profile_path: Path) -> None:
         assert httpx.get(s.url + "/health").status_code == 200
         r = httpx.post(s.url + "/v1/chat/completions", json=chat())
         assert (r.status_code, r.json()) == (503, {"detail": "Injected fault: simulated error 503."})
+
+
+def test_fault_disconnect_cuts_a_stream_after_n_chunks(profile_path: Path) -> None:
+    faults = FaultConfig(disconnect_rate=1.0, disconnect_after_tokens=3)
+    with serve(create_app(OmniConfig(profile=str(profile_path), time_scale=FAST, faults=faults))) as s:
+        received: list[str] = []
+        with (
+            httpx.stream("POST", s.url + "/v1/chat/completions", json=chat(max_tokens=8, stream=True)) as r,
+            pytest.raises(httpx.RemoteProtocolError),
+        ):
+            received.extend(line for line in r.iter_lines() if line)
+        assert len(received) == 3 and all(line.startswith("data: {") for line in received)

@@ -1,11 +1,10 @@
-"""`omnigate sim --api sglang-omni` / `python -m loadtest.sim --api sglang-omni`: one simulated sglang-omni
-server under uvicorn."""
+"""The command line of `omnigate sim --api sglang-omni` (served by `loadtest/sim/cli.py`): flags to app."""
 
 from __future__ import annotations
 
 import argparse
 
-import uvicorn
+from starlette.applications import Starlette
 
 from loadtest.sim.faults import add_fault_flags, faults_from_args
 from loadtest.sim.omni.config import OmniConfig
@@ -50,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> OmniConfig:
-    return OmniConfig(
+def app_from_args(args: argparse.Namespace) -> Starlette:
+    config = OmniConfig(
         profile=args.profile,
         model=args.model,
         release=args.omni_release,
@@ -65,14 +64,4 @@ def config_from_args(args: argparse.Namespace) -> OmniConfig:
         seed=args.seed,
         faults=faults_from_args(args),
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        app = create_app(config_from_args(args))
-    except ValueError as exc:  # pydantic ValidationError and unknown profiles are ValueErrors
-        print(f"omnigate sim: {exc}")
-        return 2
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=2)
-    return 0
+    return create_app(config)

@@ -9,10 +9,11 @@ already sent its 200 headers when the pipeline fails, so the connection is cut w
 from __future__ import annotations
 
 import base64
+import contextlib
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,7 +22,7 @@ from starlette.responses import Response, StreamingResponse
 
 from loadtest.sim.faults import FaultInjector
 from loadtest.sim.omni import audio
-from loadtest.sim.omni.pipeline import Job, SubmitRefused, answer_tokens
+from loadtest.sim.omni.pipeline import Event, Job, SubmitRefused, answer_tokens
 from loadtest.sim.omni.profile import OmniProfile
 from loadtest.sim.omni.prompt import OmniCounter, OmniInputError, OmniPrompt
 from loadtest.sim.omni.protocol import SAMPLING_PARAM_FIELDS, ChatCompletionRequest, CreateSpeechRequest
@@ -166,14 +167,8 @@ class Generator:
             return StreamingResponse(
                 self._chat_stream(job, chunks, modalities, fmt), media_type="text/event-stream"
             )
-        try:
-            handle = self.runner.submit(job)
-        except SubmitRefused as exc:
-            return detail_response(self._status(None, exc), exc.message)
-        ended = await self._wait(handle)
-        if ended is not None:
-            return detail_response(self._status(failure), ended)
-        return json_response(self._chat_body(job, chunks, modalities, fmt))
+        refused = await self._whole(job, failure)
+        return refused or json_response(self._chat_body(job, chunks, modalities, fmt))
 
     def _chat_body(self, job: Job, chunks: ChatChunks, modalities: list[str], fmt: str) -> dict[str, Any]:
         text = output_text(0, job.text_generated)
@@ -190,16 +185,11 @@ class Generator:
     async def _chat_stream(
         self, job: Job, chunks: ChatChunks, modalities: list[str], fmt: str
     ) -> AsyncIterator[bytes]:
-        handle = self._submit_in_stream(job)
         cut_after = self.faults.disconnect_after()
         stall_at = self.faults.stall_after()
         sent = chunk_count = 0
-        try:
-            async for event in handle.stream():
-                if event.kind == "failed":
-                    raise StreamCut(event.message)
-                if event.kind == "done":
-                    break
+        async with contextlib.aclosing(self._live(job)) as events:
+            async for event in events:
                 delta: dict[str, Any] = {} if chunk_count else {"role": "assistant"}
                 if event.kind == "text":
                     text_now = min(event.value, job.text_tokens)
@@ -218,10 +208,8 @@ class Generator:
                 chunk_count += 1
                 if cut_after is not None and chunk_count >= cut_after:
                     raise StreamCut("injected disconnect")
-            yield chunks.finish("stop", usage(job.prompt.total, job.thinker_tokens))
-            yield SSE_DONE
-        finally:
-            self._leave(handle)
+        yield chunks.finish("stop", usage(job.prompt.total, job.thinker_tokens))
+        yield SSE_DONE
 
     # -- /v1/audio/speech -----------------------------------------------------------------------------
     async def speech(self, req: CreateSpeechRequest, request: Request) -> Response:
@@ -237,13 +225,9 @@ class Generator:
             return early
         if req.stream:
             return StreamingResponse(self._speech_stream(job, req), media_type="text/event-stream")
-        try:
-            handle = self.runner.submit(job)
-        except SubmitRefused as exc:
-            return detail_response(self._status(None, exc), exc.message)
-        ended = await self._wait(handle)
-        if ended is not None:
-            return detail_response(self._status(failure), ended)
+        refused = await self._whole(job, failure)
+        if refused is not None:
+            return refused
         if not job.talker:  # the --text-only pipeline: Client.speech finds no audio chunk
             return detail_response(500, NO_AUDIO_ERROR)
         try:
@@ -262,16 +246,11 @@ class Generator:
         return Response(data, media_type=mime, headers=headers)
 
     async def _speech_stream(self, job: Job, req: CreateSpeechRequest) -> AsyncIterator[bytes]:
-        handle = self._submit_in_stream(job)
         chunks = SpeechChunks(job.rid)
         rate = self.profile.speech.sample_rate
         index = 0
-        try:
-            async for event in handle.stream():
-                if event.kind == "failed":
-                    raise StreamCut(event.message)
-                if event.kind == "done":
-                    break
+        async with contextlib.aclosing(self._live(job)) as events:
+            async for event in events:
                 if event.kind != "audio" or not event.value:
                     continue
                 try:
@@ -281,11 +260,8 @@ class Generator:
                 fmt = audio.MIME_TO_FORMAT.get(mime, req.response_format)
                 yield chunks.audio(index, base64.b64encode(data).decode("ascii"), fmt, mime, rate)
                 index += 1
-            use = usage(job.prompt.total, job.thinker_tokens, self._engine_time(job))
-            yield chunks.final(index, "stop", use)
-            yield SSE_DONE
-        finally:
-            self._leave(handle)
+        yield chunks.final(index, "stop", usage(job.prompt.total, job.thinker_tokens, self._engine_time(job)))
+        yield SSE_DONE
 
     # -- shared ---------------------------------------------------------------------------------------
     @staticmethod
@@ -293,20 +269,35 @@ class Generator:
         assert job.finished_at is not None
         return round(job.finished_at - job.arrival, 6)
 
-    def _submit_in_stream(self, job: Job) -> JobHandle:
-        """Submitted from inside the body: the 200 headers are out before the pipeline can refuse it."""
+    async def _live(self, job: Job) -> AsyncGenerator[Event, None]:
+        """A streamed job's events until its end. It is submitted from inside the body, so the 200 headers
+        are out before the pipeline can refuse or fail it: both cut the connection. However the stream
+        ends — done, cut or client gone — the handler detaches (and, where the release does, aborts)."""
         try:
-            return self.runner.submit(job)
+            handle = self.runner.submit(job)
         except SubmitRefused as exc:
             raise StreamCut(exc.message) from exc
-
-    async def _wait(self, handle: JobHandle) -> str | None:
-        """Wait for the job's end (a non-streamed handler is never cancelled by a disconnect); the failure
-        message, or None when it finished."""
         try:
             async for event in handle.stream():
                 if event.kind == "failed":
-                    return event.message
+                    raise StreamCut(event.message)
+                if event.kind == "done":
+                    return
+                yield event
+        finally:
+            self._leave(handle)
+
+    async def _whole(self, job: Job, failure: Failure | None) -> Response | None:
+        """Run a non-streamed job to its end (a disconnect never cancels this handler); the error answer, or
+        None when it finished."""
+        try:
+            handle = self.runner.submit(job)
+        except SubmitRefused as exc:
+            return detail_response(self._status(None, exc), exc.message)
+        try:
+            async for event in handle.stream():
+                if event.kind == "failed":
+                    return detail_response(self._status(failure), event.message)
             return None
         finally:
             self.runner.detach(handle)
