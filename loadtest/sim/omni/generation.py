@@ -17,7 +17,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from loadtest.sim.faults import FaultInjector
@@ -141,7 +140,7 @@ class Generator:
         return None
 
     # -- /v1/chat/completions -------------------------------------------------------------------------
-    async def chat(self, req: ChatCompletionRequest, request: Request) -> Response:
+    async def chat(self, req: ChatCompletionRequest) -> Response:
         request_id = req.request_id or str(uuid.uuid4())
         model = req.model or self.model
         if req.stage_sampling and any(set(p) - SAMPLING_PARAM_FIELDS for p in req.stage_sampling.values()):
@@ -212,7 +211,7 @@ class Generator:
         yield SSE_DONE
 
     # -- /v1/audio/speech -----------------------------------------------------------------------------
-    async def speech(self, req: CreateSpeechRequest, request: Request) -> Response:
+    async def speech(self, req: CreateSpeechRequest) -> Response:
         request_id = f"speech-{uuid.uuid4()}"
         count: OmniPrompt | Failure = self.counter.speech(req.input)
         if self.speech_route == "reject":

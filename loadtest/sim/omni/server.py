@@ -67,13 +67,13 @@ class OmniBackend:
         body = parse_body(await request.body(), request.headers.get("content-type"), ChatCompletionRequest)
         if isinstance(body, list):
             return detail_response(422, body)
-        return await self.generator.chat(body, request)
+        return await self.generator.chat(body)
 
     async def speech(self, request: Request) -> Response:
         body = parse_body(await request.body(), request.headers.get("content-type"), CreateSpeechRequest)
         if isinstance(body, list):
             return detail_response(422, body)
-        return await self.generator.speech(body, request)
+        return await self.generator.speech(body)
 
     # -- information ----------------------------------------------------------------------------------------
     def health_info(self) -> dict[str, Any]:
