@@ -37,6 +37,7 @@ PID_LINE = re.compile(r"^  started (\S+)\s+pid (\d+)", re.M)
 
 
 # -- plan -------------------------------------------------------------------------------------------------
+@pytest.mark.e2e
 def test_plan_gives_every_listed_backend_its_own_simulator_and_rewrites_the_config() -> None:
     plan = build_plan(DEFAULT_CONFIG, 18080, 4.0)
     assert [s.name for s in plan.sims] == ["interactive-0", "interactive-1", "offline-0"]
@@ -71,6 +72,7 @@ def test_plan_rejects_a_bad_demo_section_with_the_field_named(tmp_path: Path) ->
         build_plan(_write_config(tmp_path, {"rate": 0}), 18080, 1.0)
 
 
+@pytest.mark.e2e
 def test_plan_rejects_a_bad_gateway_config(tmp_path: Path) -> None:
     doc = yaml.safe_load(DEFAULT_CONFIG.read_text())
     doc["pools"][0]["models"] = []
@@ -80,6 +82,7 @@ def test_plan_rejects_a_bad_gateway_config(tmp_path: Path) -> None:
         build_plan(path, 18080, 1.0)
 
 
+@pytest.mark.e2e
 def test_an_explicit_port_in_use_is_an_error_and_zero_means_any() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -231,6 +234,7 @@ def _demo(*args: str) -> list[str]:
     return [sys.executable, "-m", "gateway.demo", "--port", "0", "--time-scale", "20", *args]
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(120)
 def test_demo_runs_a_workload_for_its_duration_and_leaves_no_process_behind(tmp_path: Path) -> None:
     # A long drain so that a slow CI box finishes every request instead of cutting it (`unfinished`).
@@ -255,6 +259,7 @@ def test_demo_runs_a_workload_for_its_duration_and_leaves_no_process_behind(tmp_
     assert [name for name, pid in pids.items() if _alive(pid)] == []
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(120)
 def test_ctrl_c_stops_an_unbounded_demo_that_openai_clients_used() -> None:
     from openai import AuthenticationError, OpenAI
@@ -303,6 +308,7 @@ def test_ctrl_c_stops_an_unbounded_demo_that_openai_clients_used() -> None:
     assert [name for name, pid in pids.items() if _alive(pid)] == []
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(120)
 def test_a_backend_that_fails_to_start_is_reported_and_the_others_are_stopped(tmp_path: Path) -> None:
     config = _write_config(tmp_path, {"sim_args": {"offline": ["--bogus-flag"]}})

@@ -16,7 +16,7 @@ from gateway.estimate.audio import (
 from gateway.estimate.blob import Blob, MediaError
 from tests.estimate.helpers import b64, wav_bytes
 
-REFERENCE_CSV = Path(__file__).resolve().parents[3] / "shared" / "data" / "audio_tokens_reference.csv"
+REFERENCE_CSV = Path(__file__).resolve().parents[1] / "data" / "audio_tokens_reference.csv"
 
 
 def _rows() -> list[dict[str, str]]:

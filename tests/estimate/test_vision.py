@@ -19,7 +19,7 @@ from gateway.estimate.vision import (
     video_tokens,
 )
 
-REFERENCE_CSV = Path(__file__).resolve().parents[3] / "shared" / "data" / "vision_tokens_reference.csv"
+REFERENCE_CSV = Path(__file__).resolve().parents[1] / "data" / "vision_tokens_reference.csv"
 MIN, MAX = 3136, 1_003_520
 
 

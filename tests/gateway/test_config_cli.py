@@ -63,6 +63,7 @@ def test_shipped_configs_are_valid():
         assert main(["policy", "check", str(policy)]) == 0
 
 
+@pytest.mark.e2e
 def test_serve_with_bad_config_exits_2_with_one_message(tmp_path):
     bad = tmp_path / "gw.yaml"
     bad.write_text("pools: [{name: p, models: [m], backends: [nope]}]\n")
@@ -95,6 +96,7 @@ def test_policy_check_reports_errors_and_diffs(tmp_path, capsys):
     )
 
 
+@pytest.mark.e2e
 def test_policy_check_diffs_against_the_running_gateway(
     start_backend, start_gateway, policy_file, tmp_path, capsys
 ):

@@ -18,6 +18,8 @@ from loadtest.sim.server import create_app as create_sim
 from tests.gateway.conftest import gateway_config
 from tests.support.servers import serve
 
+pytestmark = pytest.mark.e2e
+
 MODEL = "qwen2.5-omni-7b"
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture
 def base_url(start_backend, start_gateway):

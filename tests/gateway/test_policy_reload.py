@@ -5,9 +5,12 @@ from __future__ import annotations
 import threading
 
 import httpx
+import pytest
 
 from tests.gateway.conftest import ADMIN
 from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
 
 AUTH = {"authorization": f"Bearer {ADMIN}"}
 CHAT = {

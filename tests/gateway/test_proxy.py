@@ -14,6 +14,8 @@ from tests.gateway.conftest import ADMIN, dead_url
 from tests.support.fake_sglang import expected_stream
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.e2e
+
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 

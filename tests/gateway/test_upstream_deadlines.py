@@ -12,12 +12,15 @@ from pathlib import Path
 import anyio
 import httpx
 import orjson
+import pytest
 from starlette.types import Receive, Scope, Send
 
 from gateway.sse import error_event
 from tests.support.fake_sglang import expected_stream
 from tests.support.servers import serve
 from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
 
 CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 STALL_S = 5.0

@@ -7,6 +7,8 @@ import pytest
 
 from tests.gateway.conftest import ADMIN
 
+pytestmark = pytest.mark.e2e
+
 GOOD = b'{"model":"test-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
 
 

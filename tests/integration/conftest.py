@@ -1,25 +1,22 @@
 """Fixtures for end-to-end tests: real `omnigate serve` processes in front of a simulated backend.
 
 A module shares one simulator (fast, `--time-scale 50`); each test starts its own gateways (and a private
-redis-server when it needs to kill one) through `procs`, which stops them all at teardown. Tests that use
-the shared Redis at 127.0.0.1:6379 get a key prefix of their own, deleted afterwards.
+redis-server when it needs to kill one) through `procs`, which stops them all at teardown. Tests that share
+the suite's redis-server (`redis_url`, tests/conftest.py) get a key prefix of their own (`redis_prefix`).
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
 import yaml
 
 from tests.support.processes import ManagedProcess, Processes
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 ADMIN_TOKEN = "e2e-admin-token-6f1c2a9b"
 MODEL = "test-model"
 
@@ -41,24 +38,6 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
         yield group
     finally:
         group.close()
-
-
-@pytest.fixture
-def redis_prefix() -> Iterator[str]:
-    """A key prefix on the shared Redis that no other test uses; everything under it is deleted after."""
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1)
-    try:
-        client.ping()
-    except redis.exceptions.ConnectionError:
-        pytest.fail(
-            f"These tests need a Redis server at {REDIS_URL}; start one (.ci/run does: redis-server)."
-        )
-    prefix = f"omnigate-e2e:{uuid.uuid4().hex}:"
-    yield prefix
-    keys = list(client.scan_iter(match=prefix + "*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
 
 
 def write_config(

@@ -30,6 +30,8 @@ from loadtest.sim.config import SimConfig
 from loadtest.sim.server import create_app as create_sim
 from tests.support.servers import ServerThread, serve
 
+pytestmark = pytest.mark.e2e
+
 MODEL = "qwen2.5-omni-7b"
 ADMIN = {"authorization": "Bearer e2e-admin"}
 LIMIT = 4  # per-backend concurrency (fixed controller)

@@ -45,6 +45,8 @@ from tests.observability.exposition import (
 from tests.support.servers import serve
 from tests.support.sockets import silent_url
 
+pytestmark = pytest.mark.e2e
+
 SNAPSHOT = Path(__file__).with_name("metrics_snapshot.txt")
 UPDATE_ENV = "OMNIGATE_UPDATE_SNAPSHOT"
 REGENERATE = f"{UPDATE_ENV}=1 .venv/bin/python -m pytest tests/integration/test_observability_e2e.py"

@@ -21,7 +21,6 @@ import pytest
 from tests.integration.conftest import (
     ADMIN_TOKEN,
     MODEL,
-    REDIS_URL,
     Admin,
     chat,
     chat_body,
@@ -30,6 +29,8 @@ from tests.integration.conftest import (
 )
 from tests.support.processes import ManagedProcess, Processes
 from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
 
 KEY_DISPLAY_CHARS = 10  # the part of a key admin listings show (gateway/tenants/models.py)
 
@@ -172,9 +173,9 @@ COST_TOKENS = 300  # the simulator's usage for one request: 11 prompt + 289 outp
 
 @pytest.fixture
 def replicas(
-    sim: ManagedProcess, procs: Processes, tmp_path: Path, redis_prefix: str
+    sim: ManagedProcess, procs: Processes, tmp_path: Path, redis_url: str, redis_prefix: str
 ) -> tuple[ManagedProcess, ManagedProcess]:
-    store = {"kind": "redis", "redis_url": REDIS_URL, "redis_prefix": redis_prefix}
+    store = {"kind": "redis", "redis_url": redis_url, "redis_prefix": redis_prefix}
     config = write_config(tmp_path / "gateway.yaml", sim.url, store)
     return procs.gateway(config, name="replica-a"), procs.gateway(config, name="replica-b")
 

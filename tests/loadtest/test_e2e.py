@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import orjson
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -19,6 +20,8 @@ from loadtest.sim.server import create_app
 from loadtest.trace import load_trace
 from loadtest.workload import load_workload
 from tests.support.servers import serve
+
+pytestmark = pytest.mark.e2e
 
 
 def sse_app() -> Starlette:

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import orjson
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -16,6 +17,8 @@ from loadtest.records import RequestRecord
 from loadtest.runner import RunOptions, execute
 from loadtest.workload import Slo, load_workload
 from tests.support.servers import serve
+
+pytestmark = pytest.mark.e2e
 
 
 class Counting:

@@ -6,10 +6,10 @@ import json
 import re
 import shutil
 import subprocess
-import warnings
 from pathlib import Path
 from typing import Any, get_args
 
+import pytest
 import yaml
 
 from gateway.observability.metrics import REGISTRY
@@ -90,16 +90,11 @@ def test_alert_rules_name_only_exported_metrics() -> None:
     assert _unknown([r["expr"] for r in _rules()]) == {}
 
 
+@pytest.mark.e2e
 def test_promtool_checks_rules_and_runs_their_unit_tests() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        warnings.warn(
-            "promtool not installed (Debian package `prometheus`): the rule file was checked for YAML "
-            "structure and metric names only",
-            stacklevel=1,
-        )
-        test_alert_rules_file_structure()
-        return
+        pytest.skip("promtool not installed (Debian package `prometheus`): rules not checked by promtool")
     for args in (["check", "rules", str(RULES)], ["test", "rules", str(RULE_TESTS)]):
         done = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0, done.stdout + done.stderr

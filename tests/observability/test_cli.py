@@ -9,6 +9,8 @@ import yaml
 from gateway.observability.cli import main
 from tests.observability.conftest import Receiver
 
+pytestmark = pytest.mark.e2e
+
 POOLS = [{"name": "interactive", "models": ["m"], "backends": ["http://127.0.0.1:1"]}]
 
 

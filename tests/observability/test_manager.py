@@ -11,6 +11,8 @@ from gateway.observability.rules import AlertInputs, BackendSnapshot
 from gateway.observability.settings import AlertsConfig, AlertThresholds, SinkConfig
 from tests.observability.conftest import FakeClock, Receiver, eventually
 
+pytestmark = pytest.mark.e2e
+
 DEEP = AlertInputs(queue_depth={"interactive": 500})
 CALM = AlertInputs(queue_depth={"interactive": 0})
 

@@ -86,6 +86,7 @@ def _config(sinks: list[SinkConfig], **kw: Any) -> AlertsConfig:
     return AlertsConfig(sinks=sinks, backoff_s=0.5, backoff_max_s=1.5, **kw)
 
 
+@pytest.mark.e2e
 async def test_every_kind_delivers_for_real_to_several_sinks_at_once(rx: Receiver) -> None:
     cfg = _config(
         [
@@ -102,6 +103,7 @@ async def test_every_kind_delivers_for_real_to_several_sinks_at_once(rx: Receive
     assert rx.bodies("/slack")[0]["text"] == N.headline
 
 
+@pytest.mark.e2e
 async def test_retries_with_exponential_backoff_then_delivers(
     rx: Receiver, fast_sleep: tuple[list[float], Callable[[float], Any]]
 ) -> None:
@@ -115,6 +117,7 @@ async def test_retries_with_exponential_backoff_then_delivers(
     assert len(rx.bodies("/hook")) == 4
 
 
+@pytest.mark.e2e
 async def test_gives_up_after_retries_and_does_not_retry_client_errors(
     rx: Receiver, fast_sleep: tuple[list[float], Callable[[float], Any]]
 ) -> None:
@@ -133,6 +136,7 @@ async def test_gives_up_after_retries_and_does_not_retry_client_errors(
     assert results == [SinkResult("a", False, 3, 502, "HTTP 502"), SinkResult("b", False, 1, 404, "HTTP 404")]
 
 
+@pytest.mark.e2e
 async def test_wecom_errcode_in_a_200_is_a_failure_and_rate_limit_is_retried(
     rx: Receiver, fast_sleep: tuple[list[float], Callable[[float], Any]]
 ) -> None:
@@ -153,6 +157,7 @@ async def test_wecom_errcode_in_a_200_is_a_failure_and_rate_limit_is_retried(
     ]
 
 
+@pytest.mark.e2e
 async def test_refused_connection_is_retried_then_reported(
     refused_url: str, fast_sleep: tuple[list[float], Callable[[float], Any]]
 ) -> None:
@@ -178,6 +183,7 @@ def _dropped(sink: str) -> float:
     return REGISTRY.get_sample_value("omnigate_alert_notifications_total", labels) or 0
 
 
+@pytest.mark.e2e
 async def test_a_hung_sink_never_blocks_enqueue_nor_the_other_sinks(silent_url: str, rx: Receiver) -> None:
     """Mechanism: enqueue is a plain function (it cannot await), each sink has its own queue and task,
     and a full queue drops its oldest message and counts it instead of waiting."""

@@ -22,6 +22,8 @@ from loadtest.sim.responses import output_text
 from loadtest.sim.server import create_app
 from tests.support.servers import ServerThread, serve
 
+pytestmark = pytest.mark.e2e
+
 FAST = 200.0
 
 

@@ -1,4 +1,4 @@
-"""The sim's own token counting against the Hugging Face reference tables (../shared/data)."""
+"""The sim's own token counting against the Hugging Face reference tables (tests/data)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from loadtest.sim.profile import AudioModel, VisionModel, load_profile
 from loadtest.sim.tokens import PromptCounter, PromptError, image_size, text_tokens
 from loadtest.sim.vision import audio_tokens, image_tokens, video_tokens
 
-DATA = Path("/work/shared/data")
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _rows(name: str) -> list[dict[str, str]]:

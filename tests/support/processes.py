@@ -19,11 +19,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 Probe = Callable[["ManagedProcess"], bool]
+REDIS_MISSING = (
+    "redis-server is not installed: the Redis tests start their own from the system binary. Install it "
+    "(Debian/Ubuntu: apt-get install redis-server; .ci/run does) and run the tests again."
+)
 
 
 def http_probe(path: str) -> Probe:
@@ -172,7 +177,7 @@ class Processes:
         """A private `redis-server` on loopback, no RDB snapshots, extra `args` (e.g. --appendonly yes)."""
         binary = shutil.which("redis-server")
         if binary is None:
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+            pytest.fail(REDIS_MISSING, pytrace=False)
         data_dir.mkdir(parents=True, exist_ok=True)
         argv = [
             binary,

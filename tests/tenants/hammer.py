@@ -1,6 +1,6 @@
 """One "replica" for the shared-quota test: hammer a tenant through its own TenantService on Redis.
 
-Run as `python -m tests.tenants.hammer <prefix> <key> <epoch> <scale> <end>`. The clock is scaled
+Run as `python -m tests.tenants.hammer <redis url> <prefix> <key> <epoch> <scale> <end>`. The clock is scaled
 (`epoch + (time.time() - epoch) * scale`) so a quota minute passes in 60/scale real seconds; both
 processes share `epoch`, hence agree on `now`. Prints one JSON list of [reserved_at, charged_tokens].
 """
@@ -16,16 +16,17 @@ import orjson
 
 from gateway.tenants.redis_store import RedisStore
 from gateway.tenants.service import QuotaExceeded, TenantService
-from tests.tenants.conftest import REDIS_URL
 
 REQUEST_TOKENS = 600
 
 
-async def hammer(prefix: str, key: str, epoch: float, scale: float, end: float) -> list[tuple[float, int]]:
+async def hammer(
+    url: str, prefix: str, key: str, epoch: float, scale: float, end: float
+) -> list[tuple[float, int]]:
     def clock() -> float:
         return epoch + (time.time() - epoch) * scale
 
-    service = TenantService(RedisStore(REDIS_URL, prefix, clock=clock), clock=clock)
+    service = TenantService(RedisStore(url, prefix, clock=clock), clock=clock)
     await service.start()
     tenant = await service.authenticate(f"Bearer {key}")
     rng = random.Random()
@@ -45,5 +46,6 @@ async def hammer(prefix: str, key: str, epoch: float, scale: float, end: float) 
 
 
 if __name__ == "__main__":
-    prefix, key, epoch, scale, end = sys.argv[1], sys.argv[2], *map(float, sys.argv[3:6])
-    sys.stdout.write(orjson.dumps(asyncio.run(hammer(prefix, key, epoch, scale, end))).decode())
+    url, prefix, key = sys.argv[1:4]
+    epoch, scale, end = map(float, sys.argv[4:7])
+    sys.stdout.write(orjson.dumps(asyncio.run(hammer(url, prefix, key, epoch, scale, end))).decode())

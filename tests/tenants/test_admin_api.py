@@ -13,6 +13,8 @@ from gateway.tenants.sqlite_store import SQLiteStore
 from tests.support.servers import serve
 from tests.tenants.apps import ADMIN_TOKEN, tenants_app
 
+pytestmark = pytest.mark.e2e
+
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 
 

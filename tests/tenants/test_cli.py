@@ -16,6 +16,8 @@ from gateway.tenants.sqlite_store import SQLiteStore
 from tests.support.servers import free_port, serve
 from tests.tenants.apps import ADMIN_TOKEN, tenants_app
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture
 def url(tmp_path: Path) -> Iterator[str]:

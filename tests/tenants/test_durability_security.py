@@ -44,6 +44,7 @@ def write_then_kill(db: Path, acks: int) -> tuple[str, int]:
     return key, acked
 
 
+@pytest.mark.e2e
 async def test_kill_9_loses_no_acknowledged_change(tmp_path: Path) -> None:
     db = tmp_path / "t.sqlite3"
     key, acked = await anyio.to_thread.run_sync(write_then_kill, db, 200)

@@ -2,68 +2,29 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 
 from gateway.errors import ApiError
 from gateway.observability.metrics import REGISTRY
 from gateway.tenants.models import TenantCreate
 from gateway.tenants.redis_store import RedisStore
 from gateway.tenants.service import QuotaExceeded, TenantService
-from tests.support.servers import free_port
+from tests.support.processes import ManagedProcess, Processes
 
-
-class PrivateRedis:
-    """A redis-server of our own (append-only file, so a restart keeps its data) that we can kill."""
-
-    def __init__(self, workdir: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail(
-                "redis-server is not installed; the outage tests need it (apt-get install redis-server)"
-            )
-        self.binary, self.workdir, self.port = binary, workdir, free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes"]
-        self.proc = subprocess.Popen(
-            [self.binary, *args, "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                redis.Redis(port=self.port, socket_connect_timeout=0.2).ping()
-                return
-            except redis.exceptions.ConnectionError:
-                assert time.monotonic() < deadline, "private redis-server did not start"
-                time.sleep(0.02)
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path)
-    server.start()
-    yield server
-    server.kill()
+def private_redis(tmp_path: Path) -> Iterator[ManagedProcess]:
+    """A redis-server of our own (append-only file, so a restart keeps its data) that the test kills."""
+    group = Processes(tmp_path)
+    try:
+        yield group.redis(tmp_path / "data", "--appendonly", "yes")
+    finally:
+        group.close()
 
 
 def counter(name: str, **labels: str) -> float:
@@ -71,8 +32,9 @@ def counter(name: str, **labels: str) -> float:
 
 
 @pytest.mark.parametrize("failure", ["open", "closed"])
-async def test_outage_then_recovery(private_redis: PrivateRedis, failure: str) -> None:
-    service = TenantService(RedisStore(private_redis.url, retry_interval=0.0), failure=failure)  # type: ignore[arg-type]
+async def test_outage_then_recovery(private_redis: ManagedProcess, failure: str) -> None:
+    url = f"redis://127.0.0.1:{private_redis.port}/0"
+    service = TenantService(RedisStore(url, retry_interval=0.0), failure=failure)  # type: ignore[arg-type]
     await service.start()
     try:
         await service.create_tenant(TenantCreate.model_validate({"id": "acme", "quotas": {"rpm": 2}}))

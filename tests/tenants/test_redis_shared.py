@@ -11,19 +11,21 @@ from pathlib import Path
 
 import anyio.to_thread
 import orjson
+import pytest
 
 from gateway.errors import ApiError
 from gateway.tenants.models import QuotasPatch, TenantCreate, TenantPatch
 from gateway.tenants.redis_store import RedisStore
 from gateway.tenants.service import TenantService
-from tests.tenants.conftest import REDIS_URL
+
+pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 60_000  # tokens per minute, shared by both processes
 
 
-def replica(prefix: str) -> TenantService:
-    return TenantService(RedisStore(REDIS_URL, prefix))
+def replica(url: str, prefix: str) -> TenantService:
+    return TenantService(RedisStore(url, prefix))
 
 
 def run_replicas(args: list[str]) -> list[bytes]:
@@ -35,8 +37,8 @@ def run_replicas(args: list[str]) -> list[bytes]:
     return outs
 
 
-async def test_two_processes_are_held_to_one_shared_limit(redis_prefix: str) -> None:
-    admin = replica(redis_prefix)
+async def test_two_processes_are_held_to_one_shared_limit(redis_url: str, redis_prefix: str) -> None:
+    admin = replica(redis_url, redis_prefix)
     await admin.start()
     await admin.create_tenant(TenantCreate.model_validate({"id": "acme", "quotas": {"total_tpm": LIMIT}}))
     _, key = await admin.create_key("acme")
@@ -45,7 +47,7 @@ async def test_two_processes_are_held_to_one_shared_limit(redis_prefix: str) -> 
     epoch = time.time() + 2.0  # both processes start hammering at the same (scaled) instant
     end = epoch + 150.0  # scaled seconds: burst, then two full minutes at the refill rate
     outs = await anyio.to_thread.run_sync(
-        run_replicas, [redis_prefix, key, repr(epoch), repr(scale), repr(end)]
+        run_replicas, [redis_url, redis_prefix, key, repr(epoch), repr(scale), repr(end)]
     )
     charged = [orjson.loads(o) for o in outs]
     window = [(t, n) for c in charged for t, n in c if epoch + 60 <= t < epoch + 120]
@@ -56,8 +58,8 @@ async def test_two_processes_are_held_to_one_shared_limit(redis_prefix: str) -> 
     assert all(any(epoch + 60 <= t < epoch + 120 for t, _ in c) for c in charged)  # both really competed
 
 
-async def test_admin_change_on_one_replica_is_enforced_by_another(redis_prefix: str) -> None:
-    a, b = replica(redis_prefix), replica(redis_prefix)
+async def test_admin_change_on_one_replica_is_enforced_by_another(redis_url: str, redis_prefix: str) -> None:
+    a, b = replica(redis_url, redis_prefix), replica(redis_url, redis_prefix)
     await a.start()
     await b.start()
     try:
