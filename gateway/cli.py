@@ -1,4 +1,5 @@
-"""`omnigate` command line: serve | policy check/schema | sim | demo | loadtest | tenants | alerts."""
+"""The product's own commands, `omnigate serve` and `omnigate policy check|schema` (omnigate/cli.py dispatches
+every `omnigate` command; this module's parser takes the command name itself)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from gateway.policy import Policy, PolicyError, diff_policies, load_policy, poli
 
 
 def _setup_logging(level: str) -> None:
-    """Plain stderr handler: a QueueHandler/QueueListener was measured costlier on the event loop itself
-    (~26 vs ~23 µs per access line, +50 % process CPU). httpx's INFO line per request (admin and alert
+    """A plain stderr handler, written from the event loop: a QueueHandler/QueueListener thread was measured
+    costlier per line, not cheaper (bench/overhead.py). httpx's INFO line per request (admin and alert
     clients) stays out of the log."""
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
@@ -135,27 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     schema.add_argument("--output", "-o")
     schema.set_defaults(func=cmd_policy_schema)
 
-    for name, (_module, text) in DELEGATED.items():
-        sub.add_parser(name, help=text, add_help=False)  # listed in `omnigate -h`; main() hands them over
     return parser
 
 
-DELEGATED = {
-    "sim": ("loadtest.sim.cli", "run a simulated SGLang (Omni) backend"),
-    "demo": ("gateway.demo", "simulated backends + gateway + live view"),
-    "loadtest": ("loadtest.cli", "the validation harness: run | sweep | compare | validate-seed"),
-    "tenants": ("gateway.tenants.cli", "manage tenants, keys and usage via the admin API"),
-    "alerts": ("gateway.observability.cli", "alerting tools: test"),
-}
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in DELEGATED:  # their own parsers take every argument after the command name
-        import importlib
-
-        return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0)
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     return int(args.func(args))
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gateway.cli import main
 from gateway.config import ConfigError, load_config, parse_config
+from omnigate.cli import main
 from tests.gateway.conftest import ADMIN
 
 POOLS = [{"name": "p", "models": ["m"], "backends": ["http://127.0.0.1:1"]}]

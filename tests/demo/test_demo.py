@@ -19,8 +19,9 @@ import pytest
 import yaml
 from rich.console import Console
 
-from gateway.demo import DEFAULT_CONFIG, ROOT, DemoError, build_plan, choose_port
-from gateway.demo_view import (
+from loadtest.records import RequestRecord
+from omnigate.demo.plan import DemoError, build_plan, choose_port, default_config
+from omnigate.demo.view import (
     BackendView,
     GatewayView,
     Snapshot,
@@ -30,33 +31,68 @@ from gateway.demo_view import (
     render,
     summary_line,
 )
-from loadtest.records import RequestRecord
 
 SUMMARY = re.compile(r"^demo summary: (.*)$", re.M)
 PID_LINE = re.compile(r"^  started (\S+)\s+pid (\d+)", re.M)
 
 
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = default_config()
+
+
+class Ports:
+    """Port numbers handed out in order, instead of free ones: planning stays pure."""
+
+    def __init__(self, first: int = 31000) -> None:
+        self.next = first
+
+    def __call__(self) -> int:
+        self.next += 1
+        return self.next - 1
+
+
 # -- plan -------------------------------------------------------------------------------------------------
-@pytest.mark.e2e
-def test_plan_gives_every_listed_backend_its_own_simulator_and_rewrites_the_config() -> None:
-    plan = build_plan(DEFAULT_CONFIG, 18080, 4.0)
-    assert [s.name for s in plan.sims] == ["interactive-0", "interactive-1", "offline-0"]
-    assert len({s.port for s in plan.sims}) == 3
+def test_plan_gives_every_listed_backend_its_own_simulator_and_rewrites_the_config(tmp_path: Path) -> None:
+    plan = build_plan(DEFAULT_CONFIG, 18080, 4.0, tmp_path, ports=Ports())
+    assert [(s.name, s.pool, s.port) for s in plan.sims] == [
+        ("interactive-0", "interactive", 31000),
+        ("interactive-1", "interactive", 31001),
+        ("offline-0", "offline", 31002),
+    ]
     pools = {p["name"]: p["backends"] for p in plan.gateway_doc["pools"]}
     assert pools == {
-        "interactive": [plan.sims[0].url, plan.sims[1].url],
-        "offline": [plan.sims[2].url],
+        "interactive": ["http://127.0.0.1:31000", "http://127.0.0.1:31001"],
+        "offline": ["http://127.0.0.1:31002"],
     }
     assert plan.gateway_doc["listen"] == {"host": "127.0.0.1", "port": 18080}
     assert "demo" not in plan.gateway_doc
-    assert Path(plan.gateway_doc["policy_path"]) == ROOT / "policies" / "default.yaml"
     assert plan.keys == {"sk-demo-alice": "alice", "sk-demo-bob": "bob", "sk-demo-batch": "batch"}
     assert plan.admin_token == "demo-admin-token"
     assert plan.base_url == "http://127.0.0.1:18080"
     interactive = plan.sims[0].args
-    assert interactive[:2] == ["--time-scale", "4.0"]
-    assert interactive[-2:] == ["--model", "qwen2.5-omni-7b"]
+    assert interactive[:2] == ("--time-scale", "4.0")
+    assert interactive[-2:] == ("--model", "qwen2.5-omni-7b")
     assert "--schedule-policy" in interactive and "--schedule-policy" not in plan.sims[2].args
+
+
+def test_the_shipped_policy_is_the_default_one_run_as_an_editable_copy(tmp_path: Path) -> None:
+    plan = build_plan(DEFAULT_CONFIG, 18080, 1.0, tmp_path, ports=Ports())
+    assert plan.policy_path == tmp_path / "policy.yaml"
+    assert plan.policy_path.read_bytes() == (ROOT / "policies" / "default.yaml").read_bytes()
+    own = tmp_path / "mine.yaml"
+    own.write_text("version: 1\n")
+    plan = build_plan(DEFAULT_CONFIG, 18080, 1.0, tmp_path, policy=own, ports=Ports())
+    assert plan.policy_path == own
+
+
+def test_a_relative_policy_path_is_read_beside_the_demo_config(tmp_path: Path) -> None:
+    doc = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    doc["policy_path"] = "house-rules.yaml"
+    (tmp_path / "conf").mkdir()
+    path = tmp_path / "conf" / "demo.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    plan = build_plan(path, 18080, 1.0, tmp_path, ports=Ports())
+    assert plan.policy_path == tmp_path / "conf" / "house-rules.yaml"
 
 
 def _write_config(tmp_path: Path, edit: dict) -> Path:
@@ -64,22 +100,22 @@ def _write_config(tmp_path: Path, edit: dict) -> Path:
     doc["demo"].update(edit)
     path = tmp_path / "demo.yaml"
     path.write_text(yaml.safe_dump(doc))
+    (tmp_path / "policy.yaml").write_bytes((ROOT / "policies" / "default.yaml").read_bytes())
     return path
 
 
 def test_plan_rejects_a_bad_demo_section_with_the_field_named(tmp_path: Path) -> None:
     with pytest.raises(DemoError, match=r"demo\.rate: Input should be greater than 0"):
-        build_plan(_write_config(tmp_path, {"rate": 0}), 18080, 1.0)
+        build_plan(_write_config(tmp_path, {"rate": 0}), 18080, 1.0, tmp_path, ports=Ports())
 
 
-@pytest.mark.e2e
 def test_plan_rejects_a_bad_gateway_config(tmp_path: Path) -> None:
     doc = yaml.safe_load(DEFAULT_CONFIG.read_text())
     doc["pools"][0]["models"] = []
     path = tmp_path / "demo.yaml"
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(DemoError, match=r"pools\.0\.models"):
-        build_plan(path, 18080, 1.0)
+        build_plan(path, 18080, 1.0, tmp_path, ports=Ports())
 
 
 @pytest.mark.e2e
@@ -231,7 +267,7 @@ def _summary(output: str) -> dict[str, int]:
 
 
 def _demo(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gateway.demo", "--port", "0", "--time-scale", "20", *args]
+    return [sys.executable, "-m", "omnigate.demo", "--port", "0", "--time-scale", "20", *args]
 
 
 @pytest.mark.e2e
