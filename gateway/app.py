@@ -18,7 +18,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from gateway.admin_auth import require_admin
 from gateway.asgi import RequestIdMiddleware
 from gateway.config import GatewayConfig
-from gateway.errors import ApiError
+from gateway.errors import ApiError, ErrorCode
 from gateway.observability import metrics
 from gateway.pipeline import CompletionEndpoint
 from gateway.reloader import PolicyHolder
@@ -120,13 +120,13 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 500)
     detail = getattr(exc, "detail", None) or "Request failed."
-    code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
+    code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(status, ErrorCode.HTTP_ERROR)
     return await _api_error(request, ApiError(status, str(detail), code=code))
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s", request.url.path)
-    return await _api_error(request, ApiError(500, "Internal gateway error.", code="internal_error"))
+    return await _api_error(request, ApiError(500, "Internal gateway error.", code=ErrorCode.INTERNAL_ERROR))
 
 
 def create_app(config: GatewayConfig, policy: PolicyHolder | None = None) -> Starlette:

@@ -41,10 +41,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
     try:
         config = load_config(args.config)
-        if args.host:
-            config.listen.host = args.host
-        if args.port is not None:
-            config.listen.port = args.port
+        listen = config.listen.model_copy(
+            update={
+                "host": args.host or config.listen.host,
+                "port": config.listen.port if args.port is None else args.port,
+            }
+        )
+        config = config.model_copy(update={"listen": listen})
         app = create_app(config)
     except (ConfigError, PolicyError) as e:
         print(f"omnigate: {e}", file=sys.stderr)

@@ -12,25 +12,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from gateway.observability.settings import AlertsConfig
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from gateway.schema import Frozen, describe
 
 
-class Listen(_Strict):
+class Listen(Frozen):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
 
 
-class PoolConfig(_Strict):
+class PoolConfig(Frozen):
     name: str = Field(min_length=1)
     kind: Literal["sglang"] = "sglang"
-    models: list[str] = Field(min_length=1)
-    backends: list[str] = Field(min_length=1)
+    models: tuple[str, ...] = Field(min_length=1)
+    backends: tuple[str, ...] = Field(min_length=1)
     traffic_class: str | None = Field(None, description="Class this pool serves (defaults to the pool name).")
     max_connections: int = Field(1024, ge=1)
     max_keepalive: int = Field(256, ge=0)
@@ -43,16 +39,14 @@ class PoolConfig(_Strict):
 
     @field_validator("backends")
     @classmethod
-    def _urls(cls, v: list[str]) -> list[str]:
-        out = []
+    def _urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         for url in v:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"backend URL must start with http:// or https://: {url!r}")
-            out.append(url.rstrip("/"))
-        return out
+        return tuple(url.rstrip("/") for url in v)
 
 
-class AdminConfig(_Strict):
+class AdminConfig(Frozen):
     token: str | None = None
     token_env: str = "OMNIGATE_ADMIN_TOKEN"
 
@@ -60,7 +54,7 @@ class AdminConfig(_Strict):
         return self.token or os.environ.get(self.token_env) or None
 
 
-class StoreConfig(_Strict):
+class StoreConfig(Frozen):
     kind: Literal["memory", "sqlite", "redis"] = "sqlite"
     path: str = "var/omnigate.sqlite3"
     redis_url: str | None = None
@@ -68,15 +62,73 @@ class StoreConfig(_Strict):
     redis_failure: Literal["open", "closed"] = "open"
 
 
-class AuthConfig(_Strict):
+class AuthConfig(Frozen):
     required: bool = Field(True, description="Require a tenant API key on /v1 routes.")
 
 
-class LimitsConfig(_Strict):
+class LimitsConfig(Frozen):
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0)
 
 
-class GatewayConfig(_Strict):
+SinkKind = Literal["webhook", "wecom", "slack"]
+
+
+class SinkConfig(Frozen):
+    """One notification target. The URL may come from the environment so webhook keys stay out of files."""
+
+    kind: SinkKind
+    name: str = Field(default="", description="Label in logs and metrics; defaults to the kind.")
+    url: str | None = None
+    url_env: str | None = Field(default=None, description="Environment variable holding the URL.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("name") and isinstance(data.get("kind"), str):
+            return {**data, "name": data["kind"]}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> SinkConfig:
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError(f"sink {self.name!r}: set exactly one of url or url_env")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"sink {self.name!r}: url must start with http:// or https://")
+        return self
+
+    def resolve_url(self, environ: dict[str, str] | None = None) -> str | None:
+        if self.url is not None:
+            return self.url
+        env = os.environ if environ is None else environ
+        return env.get(self.url_env or "") or None
+
+
+class AlertsConfig(Frozen):
+    """Deployment side of alerting (key `alerts`): sinks, delivery, evaluation cadence, the rolling SLO
+    window. The thresholds are a policy section (gateway/observability/settings.py), tuned live."""
+
+    enabled: bool = True
+    sinks: tuple[SinkConfig, ...] = ()
+    evaluation_interval_s: float = Field(default=5.0, gt=0)
+    slo_window_s: float = Field(default=300.0, gt=0, description="Rolling window of P99 and SLO attainment.")
+    timeout_s: float = Field(default=5.0, gt=0, description="Per delivery attempt.")
+    retries: int = Field(default=3, ge=0, le=10)
+    backoff_s: float = Field(default=1.0, gt=0, description="First retry delay; doubles each attempt.")
+    backoff_max_s: float = Field(default=30.0, gt=0)
+    queue_size: int = Field(
+        default=1000, ge=1, description="Pending messages per sink; oldest dropped when full."
+    )
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> AlertsConfig:
+        names = [s.name for s in self.sinks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate sink names: {dupes} (give each sink a distinct name)")
+        return self
+
+
+class GatewayConfig(Frozen):
     listen: Listen = Field(default_factory=lambda: Listen())
     policy_path: str = "policies/default.yaml"
     watch_policy: bool = True
@@ -84,10 +136,10 @@ class GatewayConfig(_Strict):
     auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
     store: StoreConfig = Field(default_factory=lambda: StoreConfig())
     limits: LimitsConfig = Field(default_factory=lambda: LimitsConfig())
-    pools: list[PoolConfig] = Field(min_length=1)
+    pools: tuple[PoolConfig, ...] = Field(min_length=1)
     alerts: AlertsConfig = Field(default_factory=lambda: AlertsConfig())
-    tenants: list[dict[str, Any]] = Field(
-        default_factory=list, description="Tenants (and keys) created at start if missing: demos, tests."
+    tenants: tuple[dict[str, Any], ...] = Field(
+        default=(), description="Tenants (and keys) created at start if missing: demos, tests."
     )
     access_log: bool = True
     access_log_sample_rate: float = Field(1.0, ge=0, le=1, description="Share of successful requests logged.")
@@ -128,10 +180,7 @@ def parse_config(data: Any, source: str = "<config>", environ: dict[str, str] | 
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "(root)"
-        more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-        raise ConfigError(f"{source}: {loc}: {first['msg']}{more}") from None
+        raise ConfigError(f"{source}: {describe(e)}") from None
 
 
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> GatewayConfig:
@@ -147,5 +196,5 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Gate
     if not Path(cfg.policy_path).is_absolute():
         candidate = base / cfg.policy_path
         if candidate.exists() or not Path(cfg.policy_path).exists():
-            cfg.policy_path = str(candidate)
+            return cfg.model_copy(update={"policy_path": str(candidate)})
     return cfg

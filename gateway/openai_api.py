@@ -11,7 +11,7 @@ from typing import Any, Literal
 import orjson
 from starlette.requests import Request
 
-from gateway.errors import ApiError
+from gateway.errors import ApiError, ErrorCode
 
 Endpoint = Literal["chat", "completions"]
 
@@ -29,25 +29,27 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     """Read the body, refusing early (413) when Content-Length or the streamed size passes the limit."""
     ctype = request.headers.get("content-type", "")
     if ctype.split(";", 1)[0].strip().lower() != "application/json":
-        raise ApiError(415, "Content-Type must be application/json.", code="unsupported_media_type")
+        raise ApiError(415, "Content-Type must be application/json.", code=ErrorCode.UNSUPPORTED_MEDIA_TYPE)
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
             size = int(declared)
         except ValueError:
-            raise ApiError(400, "Invalid Content-Length header.", code="invalid_request") from None
+            raise ApiError(400, "Invalid Content-Length header.", code=ErrorCode.INVALID_REQUEST) from None
         if size > max_bytes:
             raise ApiError(
                 413,
                 f"Request body of {size} bytes exceeds the {max_bytes}-byte limit.",
-                code="request_too_large",
+                code=ErrorCode.REQUEST_TOO_LARGE,
             )
     chunks: list[bytes] = []
     total = 0
     async for chunk in request.stream():
         total += len(chunk)
         if total > max_bytes:
-            raise ApiError(413, f"Request body exceeds the {max_bytes}-byte limit.", code="request_too_large")
+            raise ApiError(
+                413, f"Request body exceeds the {max_bytes}-byte limit.", code=ErrorCode.REQUEST_TOO_LARGE
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -59,36 +61,46 @@ def _expect(
     if value is None:
         if required:
             raise ApiError(
-                400, f"Missing required parameter: '{name}'.", param=name, code="missing_required_parameter"
+                400,
+                f"Missing required parameter: '{name}'.",
+                param=name,
+                code=ErrorCode.MISSING_REQUIRED_PARAMETER,
             )
         return None
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-        raise ApiError(400, f"Invalid type for '{name}': expected {what}.", param=name, code="invalid_type")
+        raise ApiError(
+            400, f"Invalid type for '{name}': expected {what}.", param=name, code=ErrorCode.INVALID_TYPE
+        )
     return value
 
 
 def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
     if not raw:
-        raise ApiError(400, "Request body is empty; expected a JSON object.", code="invalid_json")
+        raise ApiError(400, "Request body is empty; expected a JSON object.", code=ErrorCode.INVALID_JSON)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
-        raise ApiError(400, f"Request body is not valid JSON: {e}.", code="invalid_json") from None
+        raise ApiError(400, f"Request body is not valid JSON: {e}.", code=ErrorCode.INVALID_JSON) from None
     if not isinstance(body, dict):
-        raise ApiError(400, "Request body must be a JSON object.", code="invalid_json")
+        raise ApiError(400, "Request body must be a JSON object.", code=ErrorCode.INVALID_JSON)
     model = _expect(body, "model", (str,), "a string", required=True)
     if not model:
-        raise ApiError(400, "Parameter 'model' must not be empty.", param="model", code="invalid_value")
+        raise ApiError(
+            400, "Parameter 'model' must not be empty.", param="model", code=ErrorCode.INVALID_VALUE
+        )
     if endpoint == "chat":
         messages = _expect(body, "messages", (list,), "an array", required=True)
         if not messages:
             raise ApiError(
-                400, "Parameter 'messages' must not be empty.", param="messages", code="invalid_value"
+                400, "Parameter 'messages' must not be empty.", param="messages", code=ErrorCode.INVALID_VALUE
             )
         for i, msg in enumerate(messages):
             if not isinstance(msg, dict):
                 raise ApiError(
-                    400, f"messages[{i}] must be an object.", param=f"messages[{i}]", code="invalid_type"
+                    400,
+                    f"messages[{i}] must be an object.",
+                    param=f"messages[{i}]",
+                    code=ErrorCode.INVALID_TYPE,
                 )
             role = msg.get("role")
             if not isinstance(role, str):
@@ -96,7 +108,7 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
                     400,
                     f"messages[{i}].role must be a string.",
                     param=f"messages[{i}].role",
-                    code="invalid_type",
+                    code=ErrorCode.INVALID_TYPE,
                 )
             content = msg.get("content")
             if content is not None and not isinstance(content, (str, list)):
@@ -104,7 +116,7 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
                     400,
                     f"messages[{i}].content must be a string or an array of content parts.",
                     param=f"messages[{i}].content",
-                    code="invalid_type",
+                    code=ErrorCode.INVALID_TYPE,
                 )
     else:
         prompt = body.get("prompt")
@@ -113,22 +125,24 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
                 400,
                 "Missing required parameter: 'prompt'.",
                 param="prompt",
-                code="missing_required_parameter",
+                code=ErrorCode.MISSING_REQUIRED_PARAMETER,
             )
         if not isinstance(prompt, (str, list)):
             raise ApiError(
                 400,
                 "Invalid type for 'prompt': expected a string or an array.",
                 param="prompt",
-                code="invalid_type",
+                code=ErrorCode.INVALID_TYPE,
             )
     stream = _expect(body, "stream", (bool,), "a boolean") or False
     for name in ("max_tokens", "max_completion_tokens", "n"):
         value = _expect(body, name, (int,), "an integer")
         if value is not None and value < (0 if name != "n" else 1):
-            raise ApiError(400, f"Invalid value for '{name}': {value}.", param=name, code="invalid_value")
+            raise ApiError(
+                400, f"Invalid value for '{name}': {value}.", param=name, code=ErrorCode.INVALID_VALUE
+            )
     if (body.get("n") or 1) != 1:
-        raise ApiError(400, "Only n=1 is supported.", param="n", code="invalid_value")
+        raise ApiError(400, "Only n=1 is supported.", param="n", code=ErrorCode.INVALID_VALUE)
     _expect(body, "temperature", (int, float), "a number")
     _expect(body, "top_p", (int, float), "a number")
     _expect(body, "priority", (int,), "an integer")
@@ -139,7 +153,7 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
             400,
             "Invalid type for 'stream_options.include_usage': expected a boolean.",
             param="stream_options.include_usage",
-            code="invalid_type",
+            code=ErrorCode.INVALID_TYPE,
         )
     return ParsedRequest(
         endpoint=endpoint, body=body, model=model, stream=stream, include_usage=include_usage

@@ -18,11 +18,19 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from gateway.asgi import send_error, send_json
-from gateway.errors import ApiError
+from gateway.errors import ApiError, ErrorCode
 from gateway.observability import metrics, record
 from gateway.observability.record import latencies
 from gateway.openai_api import Endpoint, ParsedRequest, parse_request, read_body, upstream_error
-from gateway.proxy import OpenUpstream, UpstreamError, open_upstream
+from gateway.proxy import (
+    Deadlines,
+    OpenUpstream,
+    TruncatedStream,
+    UpstreamError,
+    UpstreamStatusError,
+    UpstreamTimeout,
+    open_upstream,
+)
 from gateway.sse import SSERelay, error_event
 from gateway.ticket import Outcome, Ticket, Usage
 
@@ -131,7 +139,9 @@ class CompletionEndpoint:
             ticket.outcome, error = Outcome.INTERNAL_ERROR, "internal gateway error"
             if not ex.started and not ex.disconnected:
                 ex.status = 500
-                await send_error(send, ApiError(500, "Internal gateway error.", code="internal_error"))
+                await send_error(
+                    send, ApiError(500, "Internal gateway error.", code=ErrorCode.INTERNAL_ERROR)
+                )
         finally:
             if ex.disconnected and ticket.outcome in (Outcome.PENDING, Outcome.OK):
                 ticket.outcome = Outcome.CANCELLED
@@ -146,11 +156,13 @@ class CompletionEndpoint:
         if strip_usage:
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         headers = {"content-type": "application/json", "x-request-id": ticket.id}
-        timeouts = policy.pool(pool.name).timeouts
-        upstream, lease = await self._open(ticket, pool, body, headers, policy)
+        pool_policy = policy.pool(pool.name)
+        t = pool_policy.timeouts
+        deadlines = Deadlines(t.connect, t.first_byte, t.idle, t.total)
+        upstream, lease = await self._open(ticket, pool, body, headers, deadlines, pool_policy.retries)
         try:
             if parsed.stream:
-                await self._relay_stream(ex, ticket, pool, lease, upstream, strip_usage, timeouts)
+                await self._relay_stream(ex, ticket, pool, lease, upstream, strip_usage, deadlines)
             else:
                 await self._send_whole(ex, ticket, upstream)
         finally:
@@ -163,12 +175,17 @@ class CompletionEndpoint:
         lease.release(ticket.usage, ticket.outcome, ttft, tpot)
 
     async def _open(
-        self, ticket: Ticket, pool: Pool, body: dict[str, Any], headers: dict[str, str], policy: Any
+        self,
+        ticket: Ticket,
+        pool: Pool,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        deadlines: Deadlines,
+        retries: int,
     ) -> tuple[OpenUpstream, Lease]:
         """Wait for a lease and open the upstream; before the first byte, retry on another backend. The
         body is serialised per attempt: a backend that schedules by priority gets the dispatch's engine
         priority (`Dispatcher.engine_priority`) in `priority`."""
-        pool_policy = policy.pool(pool.name)
         exclude: set[str] = set()
         scheduler = self.gw.schedulers[pool.name]
         requeued = False
@@ -197,19 +214,20 @@ class CompletionEndpoint:
                         backend.url + self.path,
                         payload,
                         headers,
-                        pool_policy.timeouts,
+                        deadlines,
                         stream=ticket.stream,
                     )
             except UpstreamError as e:
-                overloaded = e.status in (429, 503)
+                answered = isinstance(e, UpstreamStatusError)
+                overloaded = answered and e.status in (429, 503)
                 lease.release(Usage(0, 0), Outcome.OVERLOADED if overloaded else Outcome.UPSTREAM_ERROR)
-                metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend, e.phase).inc()
-                if e.phase != "status" or e.status >= 500:
+                metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend, e.label).inc()
+                if not answered or e.status >= 500:
                     owner.record_failure(backend)
                 exclude.add(backend.url)
                 if (
                     e.retryable
-                    and len(exclude) <= pool_policy.retries
+                    and len(exclude) <= retries
                     and any(b.available and b.url not in exclude for b in pool.backends)
                 ):
                     metrics.UPSTREAM_RETRIES.labels(pool.name).inc()
@@ -220,11 +238,12 @@ class CompletionEndpoint:
                         ticket.backend,
                     )
                     continue
-                client_fault = e.phase == "status" and 400 <= e.status < 500 and e.status != 429
-                ticket.outcome = Outcome.CLIENT_ERROR if client_fault else Outcome.UPSTREAM_ERROR
-                if e.phase == "status":
+                if isinstance(e, UpstreamStatusError):
+                    client_fault = 400 <= e.status < 500 and e.status != 429
+                    ticket.outcome = Outcome.CLIENT_ERROR if client_fault else Outcome.UPSTREAM_ERROR
                     raise upstream_error(e.status, e.body) from None
-                raise ApiError(e.status, e.message, code=f"backend_{e.phase}") from None
+                ticket.outcome = Outcome.UPSTREAM_ERROR
+                raise ApiError(e.status, e.message, code=e.code) from None
             except BaseException:
                 lease.release(Usage(0, 0), Outcome.CANCELLED)
                 raise
@@ -273,7 +292,7 @@ class CompletionEndpoint:
         lease: Lease,
         upstream: OpenUpstream,
         strip_usage: bool,
-        timeouts: Any,
+        deadlines: Deadlines,
     ) -> None:
         relay = SSERelay(strip_usage)
         send = ex.send
@@ -288,7 +307,7 @@ class CompletionEndpoint:
         )
         clock = self.gw.clock
         try:
-            with upstream.guard(timeouts) as dog:
+            with upstream.guard(deadlines) as dog:
                 out = relay.feed(upstream.first, clock())
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -301,10 +320,14 @@ class CompletionEndpoint:
                     dog.reading()
             tail = relay.flush()
             if not relay.done:
-                ticket.outcome, ticket.error_status = Outcome.UPSTREAM_ERROR, 502
-                ticket.error = "Backend closed the stream before it finished."
-                tail += error_event(ticket.error)
-                metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", "truncated").inc()
+                cut = TruncatedStream("Backend closed the stream before it finished.")
+                ticket.outcome, ticket.error_status, ticket.error = (
+                    Outcome.UPSTREAM_ERROR,
+                    cut.status,
+                    cut.message,
+                )
+                tail += error_event(cut.message)
+                metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", cut.label).inc()
             elif relay.error:
                 ticket.outcome = Outcome.UPSTREAM_ERROR
                 ticket.error = str(relay.error.get("message") or "backend error event")
@@ -314,9 +337,9 @@ class CompletionEndpoint:
                 ticket.outcome = Outcome.OK
             await ex.finish(tail)
         except UpstreamError as e:
-            ticket.outcome = Outcome.TIMEOUT if e.status == 504 else Outcome.UPSTREAM_ERROR
+            ticket.outcome = Outcome.TIMEOUT if isinstance(e, UpstreamTimeout) else Outcome.UPSTREAM_ERROR
             ticket.error, ticket.error_status = e.message, e.status
-            metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", e.phase).inc()
+            metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", e.label).inc()
             self.gw.pools[lease.backend.pool].record_failure(lease.backend)
             await ex.finish(relay.flush() + error_event(e.message, e.status))
         finally:

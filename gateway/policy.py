@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from gateway.admission.settings import (
     BudgetPolicy,
@@ -22,14 +22,11 @@ from gateway.admission.settings import (
 )
 from gateway.estimate.settings import BucketPolicy, EstimationPolicy
 from gateway.observability.settings import AlertThresholds
+from gateway.schema import Frozen, FrozenDict, describe
 from gateway.tenants.settings import TenantDefaults
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Timeouts(_Strict):
+class Timeouts(Frozen):
     """Upstream timeouts in seconds: connect, wait for the first byte, idle gap between chunks, total."""
 
     connect: float = Field(2.0, gt=0)
@@ -38,17 +35,15 @@ class Timeouts(_Strict):
     total: float = Field(1800.0, gt=0)
 
 
-class PoolPolicy(_Strict):
+class PoolPolicy(Frozen):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     retries: int = Field(1, ge=0, le=3, description="Retries on another backend before the first byte.")
 
 
-class Policy(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class Policy(Frozen):
     version: int = 1
     pool_defaults: PoolPolicy = Field(default_factory=PoolPolicy)
-    pools: dict[str, PoolPolicy] = Field(default_factory=dict)
+    pools: FrozenDict[str, PoolPolicy] = Field(default_factory=dict)
     queue: QueuePolicy = Field(default_factory=QueuePolicy)
     budgets: BudgetPolicy = Field(default_factory=BudgetPolicy)
     window: WindowPolicy = Field(default_factory=WindowPolicy)
@@ -67,14 +62,6 @@ class PolicyError(ValueError):
     """A policy file that cannot be used; the message names the file and the offending fields."""
 
 
-def _format_validation(err: ValidationError) -> str:
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(root)"
-        parts.append(f"{loc}: {e['msg']}")
-    return "; ".join(parts)
-
-
 def parse_policy(data: Any, source: str = "<policy>") -> Policy:
     if data is None:
         data = {}
@@ -83,7 +70,7 @@ def parse_policy(data: Any, source: str = "<policy>") -> Policy:
     try:
         return Policy.model_validate(data)
     except ValidationError as e:
-        raise PolicyError(f"{source}: {_format_validation(e)}") from None
+        raise PolicyError(f"{source}: {describe(e)}") from None
 
 
 def load_policy_text(text: str, source: str = "<policy>") -> Policy:

@@ -7,6 +7,22 @@ scans every idle connection per request and stacks several async-generator layer
 Opening ends when the first body bytes arrive (or fails with an UpstreamError saying whether a retry on
 another backend is safe). Relaying hands out the body as it arrives (`iter_any` coalesces what is already
 buffered, bytes unchanged) under one Watchdog per request for the idle-gap and total deadlines.
+
+Failures are a small class hierarchy in the manner of httpx's exceptions, so callers branch on the type:
+
+    UpstreamError
+    ├── UpstreamConnectError      no connection to the backend (retryable)
+    ├── UpstreamTimeout           504
+    │   ├── FirstByteTimeout      a stream's first byte did not come in time
+    │   ├── IdleTimeout           a stream went quiet for longer than the idle deadline
+    │   └── TotalTimeout          the whole request took longer than its total deadline
+    ├── UpstreamStatusError       the backend answered with a non-200 status (its body kept)
+    └── UpstreamProtocolError     502: the exchange broke
+        ├── BrokenBeforeFirstByte before the first byte (retryable)
+        ├── BrokenMidStream       mid-stream, after bytes reached the client
+        └── TruncatedStream       the stream ended without its final event
+
+`label` is the `phase` label of `omnigate_upstream_errors_total`; `code` is the client's error code.
 """
 
 from __future__ import annotations
@@ -14,31 +30,89 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from functools import lru_cache
 from types import TracebackType
 
 import aiohttp
 import anyio
 
-from gateway.policy import Timeouts
+from gateway.errors import ErrorCode
 
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 # Identity encoding: bytes are relayed as they come, so the backend must not compress them.
 _FIXED_HEADERS = {"accept-encoding": "identity"}
 
 
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """Upstream deadlines in seconds: connect, a stream's first byte, idle gap between chunks, total."""
+
+    connect: float
+    first_byte: float
+    idle: float
+    total: float
+
+
 class UpstreamError(Exception):
     """A backend failure; `retryable` when nothing reached the client and another backend may serve."""
 
-    def __init__(
-        self, phase: str, message: str, *, status: int = 502, retryable: bool = False, body: bytes = b""
-    ) -> None:
+    label = "upstream"
+    status = 502
+    retryable = False
+    code = ErrorCode.UPSTREAM_ERROR
+
+    def __init__(self, message: str) -> None:
         super().__init__(message)
-        self.phase = phase
         self.message = message
+
+
+class UpstreamConnectError(UpstreamError):
+    label, retryable, code = "connect", True, ErrorCode.BACKEND_CONNECT
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+
+
+class FirstByteTimeout(UpstreamTimeout):
+    label, code = "first_byte", ErrorCode.BACKEND_FIRST_BYTE
+
+
+class IdleTimeout(UpstreamTimeout):
+    label = "idle_timeout"
+
+
+class TotalTimeout(UpstreamTimeout):
+    label, code = "total_timeout", ErrorCode.BACKEND_TOTAL_TIMEOUT
+
+
+class UpstreamStatusError(UpstreamError):
+    """The backend answered `status` (not 200) with `body`; the client gets it mapped (openai_api)."""
+
+    label = "status"
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"Backend answered HTTP {status}.")
         self.status = status
-        self.retryable = retryable
         self.body = body
+        self.retryable = status in RETRYABLE_STATUS
+
+
+class UpstreamProtocolError(UpstreamError):
+    pass
+
+
+class BrokenBeforeFirstByte(UpstreamProtocolError):
+    label, retryable, code = "first_byte", True, ErrorCode.BACKEND_FIRST_BYTE
+
+
+class BrokenMidStream(UpstreamProtocolError):
+    label = "mid_stream"
+
+
+class TruncatedStream(UpstreamProtocolError):
+    label = "truncated"
 
 
 @lru_cache(maxsize=64)
@@ -65,7 +139,7 @@ class Watchdog:
         self._last = time.monotonic()
         self._relaying = True
         self._loop = asyncio.get_running_loop()
-        self.expired: str | None = None
+        self.expired: type[UpstreamTimeout] | None = None
         self._handle = self._loop.call_later(min(gap, deadline - self._last), self._check)
 
     def reading(self) -> None:
@@ -81,7 +155,7 @@ class Watchdog:
         if now < due:
             self._handle = self._loop.call_later(due - now, self._check)
             return
-        self.expired = "total_timeout" if now >= self._deadline else "idle_timeout"
+        self.expired = TotalTimeout if now >= self._deadline else IdleTimeout
         self._scope.cancel()
 
     def stop(self) -> None:
@@ -101,7 +175,7 @@ class RelayGuard:
 
     def __enter__(self) -> Watchdog:
         if self._deadline <= time.monotonic():
-            raise UpstreamError("total_timeout", "Backend exceeded the total request time limit.", status=504)
+            raise TotalTimeout("Backend exceeded the total request time limit.")
         self._scope.__enter__()
         self.dog = Watchdog(self._scope, self._gap, self._deadline)
         return self.dog
@@ -112,14 +186,12 @@ class RelayGuard:
         self.dog.stop()
         if exc_type is not None and issubclass(exc_type, aiohttp.ClientError):
             self._scope.__exit__(None, None, None)
-            raise UpstreamError(
-                "mid_stream", f"Backend connection failed mid-stream: {exc_type.__name__}."
-            ) from None
+            raise BrokenMidStream(f"Backend connection failed mid-stream: {exc_type.__name__}.") from None
         swallowed = bool(self._scope.__exit__(exc_type, exc, tb))
-        if swallowed and self.dog.expired == "total_timeout":
-            raise UpstreamError("total_timeout", "Backend exceeded the total request time limit.", status=504)
-        if swallowed and self.dog.expired == "idle_timeout":
-            raise UpstreamError("idle_timeout", f"Backend sent nothing for {self._gap:g} s.", status=504)
+        if swallowed and self.dog.expired is TotalTimeout:
+            raise TotalTimeout("Backend exceeded the total request time limit.")
+        if swallowed and self.dog.expired is IdleTimeout:
+            raise IdleTimeout(f"Backend sent nothing for {self._gap:g} s.")
         return swallowed
 
 
@@ -137,8 +209,8 @@ class OpenUpstream:
         """The rest of the body as it arrives; each item is everything buffered at that moment."""
         return self.response.content.iter_any()
 
-    def guard(self, timeouts: Timeouts) -> RelayGuard:
-        return RelayGuard(timeouts.idle, self.deadline)
+    def guard(self, deadlines: Deadlines) -> RelayGuard:
+        return RelayGuard(deadlines.idle, self.deadline)
 
     def close(self) -> None:
         """Close the upstream connection unless the body was read to its end (then it is back in the pool).
@@ -153,14 +225,14 @@ async def open_upstream(
     url: str,
     payload: bytes,
     headers: dict[str, str],
-    timeouts: Timeouts,
+    deadlines: Deadlines,
     *,
     stream: bool,
 ) -> OpenUpstream:
     """POST and wait for the first body bytes (streaming) or the whole body (non-streaming)."""
     start = time.monotonic()
-    deadline = start + timeouts.total
-    wait = min(timeouts.first_byte, timeouts.total) if stream else timeouts.total
+    deadline = start + deadlines.total
+    wait = min(deadlines.first_byte, deadlines.total) if stream else deadlines.total
     response: aiohttp.ClientResponse | None = None
     try:
         with anyio.fail_after(wait):
@@ -168,41 +240,25 @@ async def open_upstream(
                 url,
                 data=payload,
                 headers={**headers, **_FIXED_HEADERS},
-                timeout=client_timeout(timeouts.connect),
+                timeout=client_timeout(deadlines.connect),
                 allow_redirects=False,
             )
             if response.status != 200:
-                body = await response.read()
-                raise UpstreamError(
-                    "status",
-                    f"Backend answered HTTP {response.status}.",
-                    status=response.status,
-                    retryable=response.status in RETRYABLE_STATUS,
-                    body=body,
-                )
+                raise UpstreamStatusError(response.status, await response.read())
             first = await (response.content.readany() if stream else response.read())
             if stream and not first:
-                raise UpstreamError(
-                    "first_byte", "Backend closed the stream before sending anything.", retryable=True
-                )
+                raise BrokenBeforeFirstByte("Backend closed the stream before sending anything.")
         return OpenUpstream(response, first, deadline)
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
         _close(response)
-        raise UpstreamError(
-            "connect", f"Cannot connect to backend: {type(e).__name__}.", status=502, retryable=True
-        ) from None
+        raise UpstreamConnectError(f"Cannot connect to backend: {type(e).__name__}.") from None
     except aiohttp.ClientError as e:
         _close(response)
-        raise UpstreamError(
-            "first_byte",
-            f"Backend failed before the first byte: {type(e).__name__}.",
-            status=502,
-            retryable=True,
-        ) from None
+        raise BrokenBeforeFirstByte(f"Backend failed before the first byte: {type(e).__name__}.") from None
     except TimeoutError:
         _close(response)
-        phase = "first_byte" if stream else "total_timeout"
-        raise UpstreamError(phase, f"Backend did not answer within {wait:g} s.", status=504) from None
+        late = FirstByteTimeout if stream else TotalTimeout
+        raise late(f"Backend did not answer within {wait:g} s.") from None
     except BaseException:
         _close(response)
         raise

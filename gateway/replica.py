@@ -19,7 +19,7 @@ from starlette.requests import Request
 from gateway.admission.scheduler import PoolScheduler
 from gateway.backends.pool import Pool
 from gateway.config import GatewayConfig
-from gateway.errors import ApiError
+from gateway.errors import CAPACITY_REJECTIONS, ApiError, ErrorCode, rejection_reason
 from gateway.estimate.estimator import Estimator
 from gateway.observability import metrics, record
 from gateway.observability.accesslog import AccessLog
@@ -31,32 +31,10 @@ from gateway.openai_api import ParsedRequest
 from gateway.policy import Policy
 from gateway.reloader import PolicyHolder
 from gateway.tenants.models import Tenant
-from gateway.tenants.quota import LIMIT_CODES
 from gateway.tenants.service import QuotaExceeded, Reservation, TenantService
 from gateway.ticket import FAILED_OUTCOMES, Outcome, Ticket
 
 log = logging.getLogger("omnigate")
-
-# ApiError codes → the rejection reasons ops see in omnigate_rejections_total
-_REASONS = {
-    "slo_unattainable": "slo_unattainable",
-    "displaced": "displaced",
-    "queue_full": "queue_full",
-    "queue_timeout": "queue_full",
-    LIMIT_CODES["daily_tokens"]: "budget",
-    LIMIT_CODES["monthly_tokens"]: "budget",
-}
-_CAPACITY_REJECTIONS = frozenset({"slo_unattainable", "displaced", "queue_full"})
-
-
-def rejection_reason(status: int, code: str | None) -> str:
-    if code in _REASONS:
-        return _REASONS[code]
-    if status == 429:
-        return "quota"
-    if status >= 500:
-        return "backend_error"
-    return "bad_input"
 
 
 def _int_header(request: Request, name: str) -> int | None:
@@ -67,7 +45,7 @@ def _int_header(request: Request, name: str) -> int | None:
         return int(raw)
     except ValueError:
         raise ApiError(
-            400, f"Header '{name}' must be an integer.", param=name, code="invalid_header"
+            400, f"Header '{name}' must be an integer.", param=name, code=ErrorCode.INVALID_HEADER
         ) from None
 
 
@@ -86,7 +64,7 @@ class Gateway:
         current = self.policy.current
         self.admin_token = config.admin.resolve_token()
         self.estimator = Estimator(current.estimation, current.buckets)
-        self.tenants = TenantService.from_config(config, current.tenant_defaults)
+        self.tenants = TenantService.from_config(config.store, config.tenants, current.tenant_defaults)
         self.policy.add_preparer(self._prepare)
         self.weights: dict[str, float] = {}
         self.pools = {p.name: Pool(p, clock=clock) for p in config.pools}
@@ -139,7 +117,9 @@ class Gateway:
     def route(self, model: str, traffic_class: str, policy: Policy) -> Pool:
         pools = self.models.get(model)
         if not pools:
-            raise ApiError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+            raise ApiError(
+                404, f"The model `{model}` does not exist.", param="model", code=ErrorCode.MODEL_NOT_FOUND
+            )
         wanted = policy.queue.classes[traffic_class].pool or traffic_class
         for pool in pools:
             if pool.name == wanted or pool.config.traffic_class == traffic_class:
@@ -159,7 +139,7 @@ class Gateway:
                 400,
                 f"Unknown traffic class '{traffic_class}'.",
                 param="x-omnigate-class",
-                code="invalid_traffic_class",
+                code=ErrorCode.INVALID_TRAFFIC_CLASS,
             )
         ticket.traffic_class = traffic_class
         pool = self.route(parsed.model, traffic_class, policy)
@@ -177,7 +157,7 @@ class Gateway:
             raise ApiError(
                 503,
                 f"No healthy backend available in pool '{pool.name}'.",
-                code="no_healthy_backend",
+                code=ErrorCode.NO_HEALTHY_BACKEND,
                 retry_after=1,
             )
         if not self.config.auth.required:
@@ -227,7 +207,7 @@ class Gateway:
             reason = rejection_reason(status, ticket.error_code)
             record.record_rejection(ticket, reason)
             self.rejected += 1
-            if reason in _CAPACITY_REJECTIONS:
+            if reason in CAPACITY_REJECTIONS:
                 self.slo.observe(
                     ticket.traffic_class,
                     self.clock(),

@@ -2,17 +2,33 @@
 
 Config, policy sections, tenant defaults, the demo's and the harness's files all derive from `Frozen`:
 unknown keys are errors (a typo never passes silently) and a validated object never changes (a reload
-builds a new one; a request in flight keeps the one it started with). Collections inside are tuples, not
-lists, so nothing can be appended to them either.
+builds a new one; a request in flight keeps the one it started with). Collections inside are tuples and
+`FrozenDict`s (read-only mappings), so nothing can be added to them either; defaults are validated too, so
+a default mapping is read-only like a parsed one.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Annotated, Any, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, WrapSerializer
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _as_dict(value: Mapping[Any, Any], handler: Callable[[Any], Any]) -> Any:
+    return handler(dict(value))
+
+
+FrozenDict = Annotated[Mapping[K, V], AfterValidator(MappingProxyType), WrapSerializer(_as_dict)]
+"""A mapping field that cannot be changed after validation (serialised as a plain dict)."""
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 def location(err: ValidationError) -> str:

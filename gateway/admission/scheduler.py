@@ -28,7 +28,7 @@ from gateway.admission.slots import SlotRule
 from gateway.admission.state import pool_snapshot
 from gateway.admission.window import BatchWindow, QueueLoad, under_load
 from gateway.backends.state import BackendState
-from gateway.errors import ApiError
+from gateway.errors import ApiError, ErrorCode
 from gateway.policy import Policy
 from gateway.ticket import Outcome, Ticket, Usage
 
@@ -98,14 +98,17 @@ class PoolScheduler:
             raise ApiError(
                 400,
                 f"Unknown traffic class {ticket.traffic_class!r}.",
-                code="unknown_class",
+                code=ErrorCode.INVALID_TRAFFIC_CLASS,
                 param="x-omnigate-class",
             )
         excluded = frozenset(exclude)
         if all(b.url in excluded for b in self.backends):
-            self.guard.rejections[("no_backend", ticket.traffic_class)] += 1
+            self.guard.rejections[(ErrorCode.NO_BACKEND, ticket.traffic_class)] += 1
             raise ApiError(
-                503, f"No backend of pool {self.pool} left to try.", code="no_backend", retry_after=1.0
+                503,
+                f"No backend of pool {self.pool} left to try.",
+                code=ErrorCode.NO_BACKEND,
+                retry_after=1.0,
             )
         now = self.clock()
         top = policy.queue.priorities.top

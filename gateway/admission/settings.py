@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from gateway.schema import Frozen
 
 
-class _Strict(BaseModel):
+class _Strict(Frozen):  # frozen, like every settings schema (gateway/schema.py)
     model_config = ConfigDict(extra="forbid")
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from gateway.admission.queue import Entry, SLOQueue
 from gateway.admission.settings import QueuePolicy
-from gateway.errors import ApiError
+from gateway.errors import ApiError, ErrorCode
 
 SlotWait = Callable[[Entry, float, int], float | None]
 """(entry, now, requests ahead of it) → seconds until a backend could take it (Dispatcher.slot_wait)."""
@@ -142,17 +142,17 @@ class QueueGuard:
             victim = self.queue.newest_of_lowest_band(cls, below=entry.band)
             if victim is None:
                 raise self._refuse(
-                    "queue_full",
+                    ErrorCode.QUEUE_FULL,
                     cls,
                     ApiError(
                         503,
                         f"The {cls} queue of pool {self.pool} is full ({entry.slo.max_queue_depth} waiting).",
-                        code="queue_full",
+                        code=ErrorCode.QUEUE_FULL,
                         retry_after=1.0,
                     ),
                 )
             self.queue.remove(victim)
-            self._refuse("displaced", cls, displaced_error())
+            self._refuse(ErrorCode.DISPLACED, cls, displaced_error())
         self.queue.push(entry)
         return victim
 
@@ -170,10 +170,10 @@ class QueueGuard:
                 err = ApiError(
                     503,
                     f"Waited {entry.slo.max_wait_s:g}s in the queue of pool {self.pool} unserved.",
-                    code="queue_timeout",
+                    code=ErrorCode.QUEUE_TIMEOUT,
                     retry_after=1.0,
                 )
-                out.append((entry, self._refuse("queue_timeout", entry.ticket.traffic_class, err)))
+                out.append((entry, self._refuse(ErrorCode.QUEUE_TIMEOUT, entry.ticket.traffic_class, err)))
         shed_tokens = 0  # every entry shed below was projected ahead of the ones after it
         kept = 0
         for entry, ahead in list(self.queue.projected()):
@@ -210,10 +210,10 @@ class QueueGuard:
             429,
             f"Cannot meet the {entry.ticket.traffic_class} deadline: first token predicted in "
             f"{p.first_token - now:.3f}s, deadline in {entry.deadline - now:.3f}s.",
-            code="slo_unattainable",
+            code=ErrorCode.SLO_UNATTAINABLE,
             retry_after=max(1.0, p.start - now),
         )
-        return self._refuse("slo_unattainable", entry.ticket.traffic_class, err)
+        return self._refuse(ErrorCode.SLO_UNATTAINABLE, entry.ticket.traffic_class, err)
 
     def _in_time(self, entry: Entry, now: float, entries_ahead: int, slot_wait: SlotWait | None) -> bool:
         """Will `entry` get a slot after the `entries_ahead` before it, and prefill, before its deadline?
@@ -234,5 +234,5 @@ class QueueGuard:
 
 def displaced_error() -> ApiError:
     return ApiError(
-        503, "Displaced from the queue by higher-priority work.", code="displaced", retry_after=1.0
+        503, "Displaced from the queue by higher-priority work.", code=ErrorCode.DISPLACED, retry_after=1.0
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import ApiError
+from gateway.errors import ApiError, ErrorCode
 from gateway.estimate.blob import MediaError
 from gateway.estimate.imagehead import HeaderError
 from gateway.estimate.media import price_audio, price_image, price_video
@@ -20,9 +20,14 @@ from gateway.estimate.vision import AspectError
 from gateway.ticket import Cost
 
 TextCounter = Callable[[str], int]
+_TOO_MANY = {
+    "images": ErrorCode.TOO_MANY_IMAGES,
+    "audios": ErrorCode.TOO_MANY_AUDIOS,
+    "videos": ErrorCode.TOO_MANY_VIDEOS,
+}
 
 
-def _bad(param: str, message: str, code: str = "invalid_content_part") -> ApiError:
+def _bad(param: str, message: str, code: ErrorCode = ErrorCode.INVALID_CONTENT_PART) -> ApiError:
     return ApiError(400, f"{param}: {message}", code=code, param=param)
 
 
@@ -121,7 +126,7 @@ class ContentPricer:
             raise ApiError(
                 400,
                 f"{where}: too many {what} in one request (limit {limit})",
-                code=f"too_many_{what}",
+                code=_TOO_MANY[what],
                 param=where,
             )
 
@@ -136,7 +141,7 @@ class ContentPricer:
         try:
             tokens, remote = price_image(url, detail, self.profile, self.policy)
         except (MediaError, HeaderError, AspectError) as e:
-            raise _bad(where, f"invalid image: {e}", "invalid_image") from None
+            raise _bad(where, f"invalid image: {e}", ErrorCode.INVALID_IMAGE) from None
         cost.vision_tokens += tokens + self.profile.marker_tokens
         cost.remote_media += remote
 
@@ -158,14 +163,14 @@ class ContentPricer:
                 size=size,
             )
         except (MediaError, AspectError) as e:
-            raise _bad(where, f"invalid video: {e}", "invalid_video") from None
+            raise _bad(where, f"invalid video: {e}", ErrorCode.INVALID_VIDEO) from None
         cost.vision_tokens += tokens + self.profile.marker_tokens
         cost.remote_media += remote
 
     def _audio(self, part: dict[str, Any], kind: str, where: str, cost: Cost) -> None:
         cost.audios += 1
         if self.profile.audio == "none":
-            raise _bad(where, "this model does not accept audio input", "unsupported_media")
+            raise _bad(where, "this model does not accept audio input", ErrorCode.UNSUPPORTED_MEDIA)
         self._limit(cost.audios, self.policy.max_audios_per_request, "audios", where)
         obj = _obj(part.get(kind), f"{where}.{kind}")
         key = "data" if kind == "input_audio" else "url"
@@ -173,6 +178,6 @@ class ContentPricer:
         try:
             tokens, remote = price_audio(value, self.profile, self.policy)
         except (MediaError, HeaderError) as e:
-            raise _bad(where, f"invalid audio: {e}", "invalid_audio") from None
+            raise _bad(where, f"invalid audio: {e}", ErrorCode.INVALID_AUDIO) from None
         cost.audio_tokens += tokens + self.profile.marker_tokens
         cost.remote_media += remote

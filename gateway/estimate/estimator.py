@@ -14,7 +14,7 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
-from gateway.errors import ApiError
+from gateway.errors import ApiError, ErrorCode
 from gateway.estimate.buckets import classify
 from gateway.estimate.content import ContentPricer, TextCounter
 from gateway.estimate.output import OutputEstimator
@@ -41,7 +41,9 @@ def _cap(body: dict[str, Any]) -> int | None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ApiError(400, f"{key} must be a non-negative integer", code="invalid_value", param=key)
+            raise ApiError(
+                400, f"{key} must be a non-negative integer", code=ErrorCode.INVALID_VALUE, param=key
+            )
         return value
     return None
 
@@ -51,7 +53,7 @@ def _choices(body: dict[str, Any]) -> int:
     if n is None:
         return 1
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ApiError(400, "n must be a positive integer", code="invalid_value", param="n")
+        raise ApiError(400, "n must be a positive integer", code=ErrorCode.INVALID_VALUE, param="n")
     return n
 
 
@@ -116,7 +118,7 @@ class Estimator:
                 400,
                 f"The input ({cost.prompt_tokens} tokens) is longer than the model's context length "
                 f"({profile.context_length} tokens).",
-                code="context_length_exceeded",
+                code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
                 param=None,
             )
 

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from gateway.schema import Frozen
 
 VisionFamily = Literal["qwen2_vl", "llava_1_5", "llava_next", "internvl", "gemma3", "fixed"]
 AudioFamily = Literal["qwen2_5_omni", "qwen3_omni", "none"]
 BucketName = Literal["text", "single_image", "multi_image", "long_doc", "audio", "video"]
-DEFAULT_BUCKET_ORDER: list[BucketName] = ["video", "audio", "multi_image", "single_image", "long_doc", "text"]
+DEFAULT_BUCKET_ORDER: tuple[BucketName, ...] = (
+    "video",
+    "audio",
+    "multi_image",
+    "single_image",
+    "long_doc",
+    "text",
+)
 
 # Markers the chat template wraps around each media item (<|vision_start|> … <|vision_end|>, <img> … </img>,
 # <start_of_image> … <end_of_image>); LLaVA inlines the features with no markers.
@@ -27,11 +36,7 @@ DEFAULT_MARKER_TOKENS: dict[str, int] = {
 }
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ModelProfile(_Strict):
+class ModelProfile(Frozen):
     """How one family of models (matched by a glob on the model name) turns media into tokens."""
 
     match: str = "*"
@@ -89,8 +94,8 @@ class ModelProfile(_Strict):
         return self
 
 
-class EstimationPolicy(_Strict):
-    models: list[ModelProfile] = Field(default_factory=lambda: [ModelProfile()])
+class EstimationPolicy(Frozen):
+    models: tuple[ModelProfile, ...] = Field(default_factory=lambda: (ModelProfile(),))
     max_images_per_request: int = Field(default=32, ge=0)
     max_image_pixels: int = Field(
         default=178_956_970,
@@ -136,14 +141,14 @@ class EstimationPolicy(_Strict):
     )
 
 
-class BucketPolicy(_Strict):
+class BucketPolicy(Frozen):
     """Classification rules: the first bucket in `order` whose condition holds wins."""
 
     long_doc_prompt_tokens: int = Field(default=8192, gt=0)
     multi_image_min: int = Field(
         default=2, ge=2, description="Images (video frames excluded) that make multi_image."
     )
-    order: list[BucketName] = Field(default_factory=lambda: list(DEFAULT_BUCKET_ORDER))
+    order: tuple[BucketName, ...] = DEFAULT_BUCKET_ORDER
 
     @model_validator(mode="after")
     def _check_order(self) -> BucketPolicy:

@@ -15,9 +15,8 @@ import anyio
 import httpx
 from pydantic import ValidationError
 
-from gateway.config import ConfigError, load_config
+from gateway.config import AlertsConfig, ConfigError, load_config
 from gateway.observability.notification import Notification
-from gateway.observability.settings import AlertsConfig
 from gateway.observability.sinks import Deliveries, SinkResult
 
 

@@ -17,11 +17,12 @@ import anyio
 import httpx
 from anyio.abc import TaskGroup
 
+from gateway.config import AlertsConfig
 from gateway.observability import metrics as m
 from gateway.observability.failures import FailureEvent, FailureThrottle
 from gateway.observability.notification import Notification
 from gateway.observability.rules import AlertInputs, RuleEngine
-from gateway.observability.settings import AlertsConfig, AlertThresholds, RuleName
+from gateway.observability.settings import AlertThresholds, RuleName
 from gateway.observability.sinks import Deliveries
 
 log = logging.getLogger("omnigate.alerts")

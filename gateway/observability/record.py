@@ -10,19 +10,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gateway.backends.state import BackendState
+from gateway.errors import RejectionReason
 from gateway.observability import metrics as m
 from gateway.observability.rolling import ClassStats
 from gateway.ticket import Outcome, Ticket
 
-REJECTION_REASONS = (
-    "quota",
-    "budget",
-    "slo_unattainable",
-    "displaced",
-    "queue_full",
-    "bad_input",
-    "backend_error",
-)
 CIRCUIT_STATES = ("closed", "open", "half_open")
 
 
@@ -90,8 +82,8 @@ def _estimation(t: Ticket) -> None:
         m.ESTIMATION_ERROR.labels("output", t.bucket).observe(ratio)
 
 
-def record_rejection(t: Ticket, reason: str) -> None:
-    """A request the gateway refused; `reason` is one of REJECTION_REASONS."""
+def record_rejection(t: Ticket, reason: RejectionReason) -> None:
+    """A request the gateway refused, counted by its reason (gateway/errors.py: `rejection_reason`)."""
     m.REJECTIONS.labels(reason, t.traffic_class).inc()
     m.REQUESTS.labels(t.pool, t.traffic_class, t.tenant, t.bucket, str(t.priority), Outcome.REJECTED).inc()
 

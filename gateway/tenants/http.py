@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import ApiError
+from gateway.errors import ApiError, ErrorCode
 
 M = TypeVar("M", bound=BaseModel)
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -39,7 +39,9 @@ def validation_error(err: ValidationError) -> ApiError:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"])
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return ApiError(400, f"{loc or 'body'}: {first['msg']}{more}", code="invalid_request", param=loc or None)
+    return ApiError(
+        400, f"{loc or 'body'}: {first['msg']}{more}", code=ErrorCode.INVALID_REQUEST, param=loc or None
+    )
 
 
 async def parse_body(request: Request, model: type[M], *, empty_ok: bool = False) -> M:
@@ -50,9 +52,9 @@ async def parse_body(request: Request, model: type[M], *, empty_ok: bool = False
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        raise ApiError(400, "Request body is not valid JSON.", code="invalid_json") from None
+        raise ApiError(400, "Request body is not valid JSON.", code=ErrorCode.INVALID_JSON) from None
     if not isinstance(data, dict):
-        raise ApiError(400, "Request body must be a JSON object.", code="invalid_json")
+        raise ApiError(400, "Request body must be a JSON object.", code=ErrorCode.INVALID_JSON)
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -69,7 +71,7 @@ def int_query(request: Request, name: str, default: int, lo: int, hi: int) -> in
         value = lo - 1
     if not lo <= value <= hi:
         raise ApiError(
-            400, f"{name} must be an integer from {lo} to {hi}.", code="invalid_request", param=name
+            400, f"{name} must be an integer from {lo} to {hi}.", code=ErrorCode.INVALID_REQUEST, param=name
         )
     return value
 

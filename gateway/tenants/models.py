@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Sequence
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -136,12 +137,18 @@ class TenantSpec(_Editable):
 class TenantDefaultsLike(Protocol):
     """The fields of the policy's TenantDefaults that resolution reads (a protocol avoids an import cycle)."""
 
-    weight: float
-    default_priority: int
-    max_priority: int
-    default_class: str
-    allowed_classes: list[str]
-    over_quota: OverQuota
+    @property
+    def weight(self) -> float: ...
+    @property
+    def default_priority(self) -> int: ...
+    @property
+    def max_priority(self) -> int: ...
+    @property
+    def default_class(self) -> str: ...
+    @property
+    def allowed_classes(self) -> Sequence[str]: ...
+    @property
+    def over_quota(self) -> OverQuota: ...
 
 
 class Tenant(BaseModel):

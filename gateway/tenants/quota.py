@@ -20,17 +20,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from gateway.errors import ErrorCode
 from gateway.tenants.models import Quotas
 
 BUCKET_LIMITS = ("input_tpm", "output_tpm", "total_tpm", "rpm")
 LIMIT_CODES = {
-    "input_tpm": "input_tokens_per_minute_exceeded",
-    "output_tpm": "output_tokens_per_minute_exceeded",
-    "total_tpm": "tokens_per_minute_exceeded",
-    "rpm": "requests_per_minute_exceeded",
-    "max_concurrent": "concurrent_requests_exceeded",
-    "daily_tokens": "daily_token_budget_exceeded",
-    "monthly_tokens": "monthly_token_budget_exceeded",
+    "input_tpm": ErrorCode.INPUT_TPM_EXCEEDED,
+    "output_tpm": ErrorCode.OUTPUT_TPM_EXCEEDED,
+    "total_tpm": ErrorCode.TOTAL_TPM_EXCEEDED,
+    "rpm": ErrorCode.RPM_EXCEEDED,
+    "max_concurrent": ErrorCode.CONCURRENCY_EXCEEDED,
+    "daily_tokens": ErrorCode.DAILY_BUDGET_EXCEEDED,
+    "monthly_tokens": ErrorCode.MONTHLY_BUDGET_EXCEEDED,
 }
 LIMIT_TEXT = {
     "input_tpm": "input tokens per minute",
@@ -70,7 +71,7 @@ class Denial:
     retry_after: float
 
     @property
-    def code(self) -> str:
+    def code(self) -> ErrorCode:
         return LIMIT_CODES[self.limit]
 
 

@@ -11,15 +11,16 @@ import fnmatch
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from gateway.config import GatewayConfig, StoreConfig
-from gateway.errors import ApiError
+from gateway.config import StoreConfig
+from gateway.errors import ApiError, ErrorCode
+from gateway.schema import describe
 from gateway.tenants import metrics
 from gateway.tenants.memory_store import MemoryStore
 from gateway.tenants.models import KeyRecord, Tenant, TenantCreate, TenantPatch, TenantSpec, hash_key, new_key
@@ -79,15 +80,13 @@ def build_store(config: StoreConfig, clock: Callable[[], float] = time.time) -> 
     return RedisStore(config.redis_url, config.redis_prefix, clock=clock)
 
 
-def parse_bootstrap(entries: list[dict[str, Any]]) -> list[BootstrapTenant]:
+def parse_bootstrap(entries: Sequence[Mapping[str, Any]]) -> list[BootstrapTenant]:
     out = []
     for i, entry in enumerate(entries):
         try:
             out.append(BootstrapTenant.model_validate(entry))
         except ValidationError as e:
-            err = e.errors()[0]
-            loc = ".".join(str(p) for p in err["loc"])
-            raise ValueError(f"tenants[{i}].{loc}: {err['msg']}") from None
+            raise ValueError(describe(e, f"tenants.{i}")) from None
     return out
 
 
@@ -115,16 +114,18 @@ class TenantService:
     @classmethod
     def from_config(
         cls,
-        config: GatewayConfig,
+        store: StoreConfig,
+        bootstrap: Sequence[Mapping[str, Any]] = (),
         defaults: TenantDefaults | None = None,
         clock: Callable[[], float] = time.time,
     ) -> TenantService:
+        """The service on the store `store` names (with its failure mode), seeding the `bootstrap` tenants."""
         return cls(
-            build_store(config.store, clock),
+            build_store(store, clock),
             defaults=defaults,
-            failure=config.store.redis_failure,
+            failure=store.redis_failure,
             clock=clock,
-            bootstrap=parse_bootstrap(config.tenants),
+            bootstrap=parse_bootstrap(bootstrap),
         )
 
     async def start(self) -> None:
@@ -169,7 +170,7 @@ class TenantService:
         except StoreUnavailable:
             metrics.STORE_ERRORS.labels(operation).inc()
             raise ApiError(
-                503, "The tenant/quota store is unavailable.", code="quota_store_unavailable"
+                503, "The tenant/quota store is unavailable.", code=ErrorCode.QUOTA_STORE_UNAVAILABLE
             ) from None
 
     # -- request path -----------------------------------------------------------------------------
@@ -180,14 +181,14 @@ class TenantService:
         if scheme.lower() != "bearer" or not token:
             metrics.AUTH_FAILURES.labels("missing").inc()
             raise ApiError(
-                401, "Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key"
+                401, "Missing API key: send 'Authorization: Bearer <key>'.", code=ErrorCode.MISSING_API_KEY
             )
         with self._store_errors("authenticate"):
             record = await self.store.key_by_hash(hash_key(token))
             spec = await self.store.get_tenant(record.tenant_id) if record and not record.revoked else None
         if spec is None:
             metrics.AUTH_FAILURES.labels("invalid").inc()
-            raise ApiError(401, "Invalid API key.", code="invalid_api_key")
+            raise ApiError(401, "Invalid API key.", code=ErrorCode.INVALID_API_KEY)
         return spec.resolve(self.defaults)
 
     def anonymous(self) -> Tenant:
@@ -205,7 +206,10 @@ class TenantService:
     def check_model(tenant: Tenant, model: str) -> None:
         if tenant.allowed_models and not any(fnmatch.fnmatchcase(model, g) for g in tenant.allowed_models):
             raise ApiError(
-                403, f"Model {model!r} is not allowed for this key.", code="model_not_allowed", param="model"
+                403,
+                f"Model {model!r} is not allowed for this key.",
+                code=ErrorCode.MODEL_NOT_ALLOWED,
+                param="model",
             )
 
     @staticmethod
@@ -216,7 +220,7 @@ class TenantService:
             raise ApiError(
                 403,
                 f"Traffic class {cls!r} is not allowed for this key.",
-                code="class_not_allowed",
+                code=ErrorCode.CLASS_NOT_ALLOWED,
                 param="class",
             )
         return cls
@@ -233,7 +237,7 @@ class TenantService:
             metrics.STORE_ERRORS.labels("reserve").inc()
             if self.failure == "closed":
                 raise ApiError(
-                    503, "The quota store is unavailable.", code="quota_store_unavailable"
+                    503, "The quota store is unavailable.", code=ErrorCode.QUOTA_STORE_UNAVAILABLE
                 ) from None
             res.local = True
             denial = self.local.try_reserve(tenant.id, tenant.quotas, res.charge, now)
@@ -278,7 +282,9 @@ class TenantService:
         with self._store_errors("admin"):
             spec = await self.store.get_tenant(tenant_id)
         if spec is None:
-            raise ApiError(404, f"No tenant {tenant_id!r}.", code="tenant_not_found", param="tenant_id")
+            raise ApiError(
+                404, f"No tenant {tenant_id!r}.", code=ErrorCode.TENANT_NOT_FOUND, param="tenant_id"
+            )
         return spec
 
     def resolve(self, spec: TenantSpec) -> Tenant:
@@ -292,7 +298,9 @@ class TenantService:
         with self._store_errors("admin"):
             created = await self.store.create_tenant(spec)
         if not created:
-            raise ApiError(409, f"Tenant {spec.id!r} already exists.", code="tenant_exists", param="id")
+            raise ApiError(
+                409, f"Tenant {spec.id!r} already exists.", code=ErrorCode.TENANT_EXISTS, param="id"
+            )
         log.info("tenant %s created", spec.id)
         return spec
 
@@ -300,7 +308,9 @@ class TenantService:
         spec = (await self.get_tenant(tenant_id)).patched(patch, self.clock())
         with self._store_errors("admin"):
             if not await self.store.update_tenant(spec):
-                raise ApiError(404, f"No tenant {tenant_id!r}.", code="tenant_not_found", param="tenant_id")
+                raise ApiError(
+                    404, f"No tenant {tenant_id!r}.", code=ErrorCode.TENANT_NOT_FOUND, param="tenant_id"
+                )
         log.info("tenant %s updated: %s", tenant_id, sorted(patch.model_fields_set))
         return spec
 
@@ -308,7 +318,9 @@ class TenantService:
         with self._store_errors("admin"):
             deleted = await self.store.delete_tenant(tenant_id)
         if not deleted:
-            raise ApiError(404, f"No tenant {tenant_id!r}.", code="tenant_not_found", param="tenant_id")
+            raise ApiError(
+                404, f"No tenant {tenant_id!r}.", code=ErrorCode.TENANT_NOT_FOUND, param="tenant_id"
+            )
         log.info("tenant %s deleted", tenant_id)
 
     async def create_key(self, tenant_id: str, name: str = "") -> tuple[KeyRecord, str]:
@@ -330,7 +342,10 @@ class TenantService:
             record = await self.store.revoke_key(tenant_id, key_id, self.clock())
         if record is None:
             raise ApiError(
-                404, f"Tenant {tenant_id!r} has no key {key_id!r}.", code="key_not_found", param="key_id"
+                404,
+                f"Tenant {tenant_id!r} has no key {key_id!r}.",
+                code=ErrorCode.KEY_NOT_FOUND,
+                param="key_id",
             )
         log.info("key %s of tenant %s revoked", key_id, tenant_id)
         return record

@@ -6,18 +6,17 @@ that left them unset); `quotas` seeds the quotas of tenants created without any.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from gateway.schema import Frozen
 from gateway.tenants.models import OverQuota, Quotas
 
 
-class TenantDefaults(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TenantDefaults(Frozen):
     weight: float = Field(default=1.0, gt=0)
     default_priority: int = 5
     max_priority: int = 5
     default_class: str = "interactive"
-    allowed_classes: list[str] = Field(default_factory=list, description="[] = any traffic class.")
+    allowed_classes: tuple[str, ...] = Field(default=(), description="[] = any traffic class.")
     over_quota: OverQuota = "reject"
     quotas: Quotas = Field(default_factory=Quotas)

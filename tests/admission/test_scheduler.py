@@ -310,7 +310,11 @@ async def test_bad_class_and_exhausted_retries_are_clear_errors() -> None:
     s = _sched(policy())
     with pytest.raises(ApiError) as exc:
         await s.acquire(ticket(cls="gold"))
-    assert (exc.value.status, exc.value.code, exc.value.param) == (400, "unknown_class", "x-omnigate-class")
+    assert (exc.value.status, exc.value.code, exc.value.param) == (
+        400,
+        "invalid_traffic_class",
+        "x-omnigate-class",
+    )
     with pytest.raises(ApiError) as exc:
         await s.acquire(ticket(), exclude={"http://b0"})
     assert (exc.value.status, exc.value.code) == (503, "no_backend")

@@ -6,7 +6,7 @@ import time
 
 import anyio
 
-from gateway.proxy import Watchdog
+from gateway.proxy import IdleTimeout, TotalTimeout, Watchdog
 
 
 async def test_relaying_never_counts_as_an_idle_gap():
@@ -22,7 +22,7 @@ async def test_waiting_for_the_backend_past_the_gap_is_an_idle_timeout():
         dog = Watchdog(scope, gap=0.02, deadline=time.monotonic() + 60)
         dog.reading()
         await anyio.sleep(30)
-    assert dog.expired == "idle_timeout" and scope.cancelled_caught
+    assert dog.expired is IdleTimeout and scope.cancelled_caught
 
 
 async def test_steady_chunks_within_the_gap_keep_the_relay_alive():
@@ -40,4 +40,4 @@ async def test_total_deadline_applies_even_while_relaying():
     with anyio.CancelScope() as scope:
         dog = Watchdog(scope, gap=60, deadline=time.monotonic() + 0.02)
         await anyio.sleep(30)
-    assert dog.expired == "total_timeout" and scope.cancelled_caught
+    assert dog.expired is TotalTimeout and scope.cancelled_caught

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.config import AlertsConfig
 from gateway.observability.cli import alerts_config
-from gateway.observability.settings import AlertsConfig
 from gateway.policy import PolicyError, load_policy_text
 
 
@@ -28,4 +28,4 @@ def test_alerts_config_from_the_gateway_config_mapping() -> None:
     cfg = alerts_config({"sinks": [{"kind": "wecom", "url_env": "WECOM_HOOK"}], "evaluation_interval_s": 2})
     assert cfg.sinks[0].name == "wecom" and cfg.evaluation_interval_s == 2
     assert alerts_config(cfg) is cfg
-    assert AlertsConfig().sinks == [] and AlertsConfig().enabled
+    assert AlertsConfig().sinks == () and AlertsConfig().enabled
