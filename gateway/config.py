@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from gateway.schema import Frozen, describe
+from gateway.schema import Frozen, FrozenDict, describe
 
 
 class Listen(Frozen):
@@ -138,7 +138,7 @@ class GatewayConfig(Frozen):
     limits: LimitsConfig = Field(default_factory=lambda: LimitsConfig())
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
     alerts: AlertsConfig = Field(default_factory=lambda: AlertsConfig())
-    tenants: tuple[dict[str, Any], ...] = Field(
+    tenants: tuple[FrozenDict[str, Any], ...] = Field(
         default=(), description="Tenants (and keys) created at start if missing: demos, tests."
     )
     access_log: bool = True

@@ -198,7 +198,7 @@ class CompletionEndpoint:
             else:  # the engine's priority is the gateway's to set: a client's would bypass its caps
                 body.pop("priority", None)
             payload = orjson.dumps(body)
-            ticket.backend = owner.backend_id(backend)
+            ticket.backend = backend.name
             ticket.dispatched_at = self.gw.clock()
             record.record_dispatch(ticket)
             assert owner.client is not None

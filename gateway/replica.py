@@ -230,13 +230,7 @@ class Gateway:
                     failed=ticket.outcome in FAILED_OUTCOMES,
                 )
             if ticket.outcome == Outcome.OK and ticket.usage is not None:
-                self.estimator.observe(
-                    ticket.tenant,
-                    ticket.bucket,
-                    ticket.cost,
-                    ticket.usage.prompt_tokens,
-                    ticket.usage.completion_tokens,
-                )
+                self.estimator.observe(ticket.tenant, ticket.bucket, ticket.usage.completion_tokens)
         if ticket.outcome == Outcome.CANCELLED and ticket.pool:
             metrics.CLIENT_DISCONNECTS.labels(ticket.pool).inc()
         if ticket.outcome in FAILED_OUTCOMES:
@@ -251,7 +245,7 @@ class Gateway:
         """The KV watermark of the backend that served the ticket (possibly lent by another pool)."""
         for pool in self.pools.values():
             for b in pool.backends:
-                if pool.backend_id(b) == ticket.backend:
+                if b.name == ticket.backend:
                     return b.token_usage
         return None
 
@@ -297,7 +291,7 @@ class Gateway:
             snap = self.schedulers[name].snapshot()
             for entry, b in zip(snap["backends"], pool.backends, strict=True):
                 entry.update(
-                    backend=pool.backend_id(b),
+                    backend=b.name,
                     healthy=b.healthy,
                     circuit=b.circuit,
                     token_usage=b.token_usage,

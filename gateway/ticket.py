@@ -52,12 +52,8 @@ class Cost:
 
     @property
     def total_tokens(self) -> int:
-        """Prompt plus expected output: what quotas reserve at admission."""
-        return self.prompt_tokens + self.expected_output_tokens
-
-    @property
-    def kv_tokens(self) -> int:
-        """KV footprint the request will occupy at its expected end."""
+        """Prompt plus expected output: what quotas reserve at admission, and the KV footprint the request
+        will occupy at its expected end."""
         return self.prompt_tokens + self.expected_output_tokens
 
 

@@ -69,7 +69,3 @@ class RequestRecord:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RequestRecord:
-        return cls(**data)

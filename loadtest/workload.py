@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from gateway.schema import Frozen, describe
 from loadtest.arrivals import Process, Shape, burst_shape, constant_shape, sawtooth_shape, step_shape
 from loadtest.client import PreparedRequest
 from loadtest.media import MediaCache
@@ -22,11 +23,7 @@ from loadtest.media import MediaCache
 BUCKETS = ("text", "single_image", "multi_image", "long_doc", "long_answer", "audio")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Dist(_Strict):
+class Dist(Frozen):
     """An integer length distribution, clamped to [min, max]. lognormal is given by its median."""
 
     dist: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
@@ -49,19 +46,19 @@ class Dist(_Strict):
         return max(self.min, min(self.max, round(x)))
 
 
-class ImageSpec(_Strict):
+class ImageSpec(Frozen):
     resolutions: list[tuple[int, int]] = Field(default_factory=lambda: [(1024, 768)], min_length=1)
     count: tuple[int, int] = (1, 1)
     format: Literal["png", "jpeg"] = "png"
     variants: int = Field(default=16, ge=1)
 
 
-class AudioSpec(_Strict):
+class AudioSpec(Frozen):
     seconds: tuple[float, float] = (5.0, 20.0)
     variants: int = Field(default=4, ge=1)
 
 
-class BucketSpec(_Strict):
+class BucketSpec(Frozen):
     """Per-bucket request shape: its own output budget and body fields (e.g. `ignore_eos: true`, so a
     long-form answer runs to max_tokens, as document summaries and reports do), and runs of it sent back
     to back (a batch job). Request numbers count per worker, so with `--workers N` each worker sends it."""
@@ -85,17 +82,17 @@ class BucketSpec(_Strict):
         return self
 
 
-class Share(_Strict):
+class Share(Frozen):
     name: str
     share: float = Field(default=1.0, ge=0)
 
 
-class PriorityShare(_Strict):
+class PriorityShare(Frozen):
     value: int
     share: float = Field(default=1.0, ge=0)
 
 
-class Arrivals(_Strict):
+class Arrivals(Frozen):
     shape: Literal["constant", "step", "sawtooth", "burst"] = "constant"
     process: Process = "poisson"
     burstiness: float = Field(default=1.0, gt=0)
@@ -123,19 +120,19 @@ class Arrivals(_Strict):
         return burst_shape(self.base, self.peak, self.every, self.length, duration)
 
 
-class Warmup(_Strict):
+class Warmup(Frozen):
     duration: float = Field(default=5.0, ge=0)
     rate: float = Field(default=2.0, gt=0)
     count: int | None = Field(default=None, ge=0)
 
 
-class Slo(_Strict):
+class Slo(Frozen):
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2e_ms: float | None = None
 
 
-class Workload(_Strict):
+class Workload(Frozen):
     name: str = "custom"
     model: str = "default"
     seed: int = 0
@@ -226,8 +223,7 @@ def load_workload(path: str | Path | None, overrides: dict[str, Any] | None = No
     try:
         return Workload.model_validate(data)
     except ValidationError as e:
-        msgs = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
-        raise WorkloadError(f"{path or '<workload>'}: {msgs}") from None
+        raise WorkloadError(f"{path or '<workload>'}: {describe(e)}") from None
 
 
 _WORDS = [

@@ -462,7 +462,7 @@ class Dispatcher:
         self.holdings.add(backend.url, ticket)
         backend.active += 1
         backend.outstanding_tokens += cost.total_tokens
-        backend.reserved_kv_tokens += cost.kv_tokens
+        backend.reserved_kv_tokens += cost.total_tokens
         backend.bucket_active[ticket.bucket] = backend.bucket_active.get(ticket.bucket, 0) + 1
         levels = self.round_prefill.setdefault(backend.url, {})
         levels[prio] = levels.get(prio, 0) + cost.prompt_tokens
@@ -491,7 +491,7 @@ def _kv_miss(ticket: Ticket, backend: BackendState, budgets: PoolBudgets) -> str
     total = backend.max_total_tokens
     if total is None or backend.active == 0:
         return None
-    if kv_occupied(backend) + ticket.cost.kv_tokens > budgets.kv_watermark * total:
+    if kv_occupied(backend) + ticket.cost.total_tokens > budgets.kv_watermark * total:
         return "kv_watermark"
     return None
 
@@ -519,7 +519,7 @@ def release(ticket: Ticket, backend: BackendState) -> None:
     cost = ticket.cost
     backend.active -= 1
     backend.outstanding_tokens -= cost.total_tokens
-    backend.reserved_kv_tokens -= cost.kv_tokens
+    backend.reserved_kv_tokens -= cost.total_tokens
     left = backend.bucket_active[ticket.bucket] - 1
     if left:
         backend.bucket_active[ticket.bucket] = left

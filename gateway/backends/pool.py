@@ -37,10 +37,6 @@ class Pool:
         self.client: aiohttp.ClientSession | None = None
         self._probe: aiohttp.ClientSession | None = None
 
-    def backend_id(self, state: BackendState) -> str:
-        """A stable short name for a backend, safe to show clients and use as a metric label."""
-        return state.name
-
     async def start(self) -> None:
         """Open the sessions; timeouts come per request from the live policy (gateway/proxy.py)."""
         self.client = _session(self.config.max_connections)
@@ -78,7 +74,7 @@ class Pool:
         except (aiohttp.ClientError, TimeoutError):
             healthy = False
         if healthy != state.healthy:
-            log.warning("backend %s %s", self.backend_id(state), "healthy" if healthy else "unhealthy")
+            log.warning("backend %s %s", state.name, "healthy" if healthy else "unhealthy")
         state.healthy = healthy
         if healthy:
             await self._scrape(state)
@@ -95,7 +91,7 @@ class Pool:
                     apply_metrics_text(state, (await resp.read()).decode("utf-8", "replace"))
                     state.last_scrape = self._clock()
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError) as e:
-            log.debug("scrape of %s failed: %s", self.backend_id(state), e)
+            log.debug("scrape of %s failed: %s", state.name, e)
 
 
 def _session(max_connections: int) -> aiohttp.ClientSession:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 class BackendState:
     url: str
     pool: str
-    name: str = ""  # short stable id (`<pool>-<n>`): metric label, response header, alert field
+    name: str = ""  # the backend's one name (`<pool>-<n>`; its URL if none is given): metric label,
+    # response header, alert field, log lines
     healthy: bool = True
     circuit: str = "closed"  # closed | open | half_open
     consecutive_failures: int = 0
@@ -32,10 +33,8 @@ class BackendState:
     queue_reqs: int | None = None
     last_scrape: float = 0.0
 
-    @property
-    def label(self) -> str:
-        """How metrics, alerts and clients name this backend (the URL only if no id was given)."""
-        return self.name or self.url
+    def __post_init__(self) -> None:
+        self.name = self.name or self.url
 
     @property
     def available(self) -> bool:

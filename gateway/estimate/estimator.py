@@ -3,7 +3,7 @@
     est = Estimator(policy.estimation, policy.buckets)
     cost, bucket = est.estimate(body, endpoint="chat", tenant="acme")   # may raise ApiError(400)
     ...
-    est.observe("acme", bucket, cost, usage.prompt_tokens, usage.completion_tokens)
+    est.observe("acme", bucket, usage.completion_tokens)
 
 On a policy reload build the next one with `est.reconfigure(new.estimation, new.buckets)`: it keeps the
 output learner, so reloads do not forget what was learned.
@@ -122,7 +122,7 @@ class Estimator:
                 param=None,
             )
 
-    def observe(self, tenant: str, bucket: str, cost: Cost, actual_prompt: int, actual_output: int) -> None:
-        """Feed the output learner with the completion tokens the backend reported (all choices)."""
-        del cost, actual_prompt  # prompt estimates are static; their error is a metric the lead exports
-        self.output.observe(tenant, bucket, actual_output)
+    def observe(self, tenant: str, bucket: str, completion_tokens: int) -> None:
+        """Feed the output learner with the completion tokens the backend reported (all choices). Prompt
+        estimates are not learned: their error is a metric (`omnigate_estimation_ratio`)."""
+        self.output.observe(tenant, bucket, completion_tokens)

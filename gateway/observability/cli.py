@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from gateway.config import AlertsConfig, ConfigError, load_config
 from gateway.observability.notification import Notification
 from gateway.observability.sinks import Deliveries, SinkResult
+from gateway.schema import describe
 
 
 def alerts_config(value: AlertsConfig | dict[str, Any]) -> AlertsConfig:
@@ -60,8 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}")
         return 2
     except ValidationError as e:
-        first = e.errors()[0]
-        print(f"error: {args.config}: alerts.{'.'.join(map(str, first['loc']))}: {first['msg']}")
+        print(f"error: {args.config}: {describe(e, 'alerts')}")
         return 2
     if not cfg.sinks:
         print(f"error: {args.config}: no sinks under alerts.sinks; nothing to test")

@@ -100,7 +100,7 @@ def record_window(pool: str, window_s: float) -> None:
 def record_backends(states: Iterable[BackendState]) -> None:
     """Gateway accounting and last scrape of each backend; scraped gauges stay unset until a scrape."""
     for b in states:
-        labels = (b.pool, b.label)
+        labels = (b.pool, b.name)
         m.BACKEND_UP.labels(*labels).set(1 if b.available else 0)
         m.BACKEND_HEALTHY.labels(*labels).set(1 if b.healthy else 0)
         for state in CIRCUIT_STATES:

@@ -28,7 +28,7 @@ class BackendSnapshot:
 
     @classmethod
     def from_state(cls, b: BackendState) -> BackendSnapshot:
-        return cls(b.pool, b.label, b.healthy, b.circuit, b.token_usage)
+        return cls(b.pool, b.name, b.healthy, b.circuit, b.token_usage)
 
 
 @dataclass(frozen=True, slots=True)

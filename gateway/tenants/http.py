@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import ApiError, ErrorCode
+from gateway.schema import describe, location
 
 M = TypeVar("M", bound=BaseModel)
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -29,19 +30,10 @@ def error_response(err: ApiError) -> Response:
     )
 
 
-async def api_error_handler(request: Request, exc: Exception) -> Response:
-    """Starlette exception handler rendering ApiError as the OpenAI-style body."""
-    assert isinstance(exc, ApiError)
-    return error_response(exc)
-
-
 def validation_error(err: ValidationError) -> ApiError:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
-    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return ApiError(
-        400, f"{loc or 'body'}: {first['msg']}{more}", code=ErrorCode.INVALID_REQUEST, param=loc or None
-    )
+    """400 naming every invalid field; `param` is the first."""
+    loc = location(err)
+    return ApiError(400, describe(err), code=ErrorCode.INVALID_REQUEST, param=loc or None)
 
 
 async def parse_body(request: Request, model: type[M], *, empty_ok: bool = False) -> M:

@@ -15,16 +15,16 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.schema import Frozen
+
 OverQuota = Literal["reject", "wait"]
 TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 KEY_PREFIX = "og-"
 KEY_DISPLAY_CHARS = 10
 
 
-class Quotas(BaseModel):
+class Quotas(Frozen):
     """Per-tenant limits; None means unlimited. Token limits count image/audio tokens as input."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     input_tpm: int | None = Field(default=None, ge=1, description="Input (prompt) tokens per minute.")
     output_tpm: int | None = Field(default=None, ge=1, description="Output tokens per minute.")

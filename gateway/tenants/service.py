@@ -84,7 +84,7 @@ def parse_bootstrap(entries: Sequence[Mapping[str, Any]]) -> list[BootstrapTenan
     out = []
     for i, entry in enumerate(entries):
         try:
-            out.append(BootstrapTenant.model_validate(entry))
+            out.append(BootstrapTenant.model_validate(dict(entry)))
         except ValidationError as e:
             raise ValueError(describe(e, f"tenants.{i}")) from None
     return out

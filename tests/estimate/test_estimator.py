@@ -186,7 +186,7 @@ def test_observe_feeds_output_learner_and_survives_reconfigure() -> None:
     est = make(output_min_samples=2)
     cost, bucket = est.estimate(chat({"type": "text", "text": "hi"}), endpoint="chat", tenant="acme")
     for _ in range(2):
-        est.observe("acme", bucket, cost, actual_prompt=9, actual_output=40)
+        est.observe("acme", bucket, 40)
     est2 = est.reconfigure(EstimationPolicy(models=[QWEN], output_min_samples=2), BucketPolicy())
     cost, _ = est2.estimate(chat({"type": "text", "text": "hi"}), endpoint="chat", tenant="acme")
     assert cost.expected_output_tokens == 40

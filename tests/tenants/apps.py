@@ -8,9 +8,7 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from gateway.errors import ApiError
 from gateway.tenants.admin import admin_routes, usage_route
-from gateway.tenants.http import api_error_handler
 from gateway.tenants.service import TenantService
 
 ADMIN_TOKEN = "admin-secret-token"
@@ -25,6 +23,5 @@ def tenants_app(service: TenantService) -> Starlette:
 
     return Starlette(
         routes=[Mount("/admin", routes=admin_routes(service, ADMIN_TOKEN)), usage_route(service)],
-        exception_handlers={ApiError: api_error_handler},
         lifespan=lifespan,
     )
