@@ -55,7 +55,10 @@ _ADMIN_OPENAPI: dict[str, Any] = {
 def _routes(gw: Gateway) -> list[BaseRoute]:
     async def models(request: Request) -> Response:
         await gw.authenticate(request)  # like OpenAI: the model list is for key holders
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "omnigate"} for m in sorted(gw.models)]
+        data = [
+            {"id": m, "object": "model", "created": 0, "owned_by": "omnigate"}
+            for m in sorted(gw.router.models)
+        ]
         return JSONResponse({"object": "list", "data": data})
 
     async def healthz(request: Request) -> Response:
@@ -67,7 +70,7 @@ def _routes(gw: Gateway) -> list[BaseRoute]:
         return JSONResponse({"ready": ok, "pools": pools}, status_code=200 if ok else 503)
 
     async def prom(request: Request) -> Response:
-        gw.export_gauges()
+        gw.live.export_gauges()
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     async def policy_reload(request: Request) -> Response:
@@ -88,7 +91,7 @@ def _routes(gw: Gateway) -> list[BaseRoute]:
 
     async def state(request: Request) -> Response:
         require_admin(request, gw.admin_token)
-        return JSONResponse(gw.state())
+        return JSONResponse(gw.live.admin_state())
 
     return [
         Route(

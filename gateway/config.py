@@ -136,13 +136,21 @@ class GatewayConfig(Frozen):
     auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
     store: StoreConfig = Field(default_factory=lambda: StoreConfig())
     limits: LimitsConfig = Field(default_factory=lambda: LimitsConfig())
-    pools: tuple[PoolConfig, ...] = Field(min_length=1)
+    pools: tuple[PoolConfig, ...]
     alerts: AlertsConfig = Field(default_factory=lambda: AlertsConfig())
     tenants: tuple[FrozenDict[str, Any], ...] = Field(
         default=(), description="Tenants (and keys) created at start if missing: demos, tests."
     )
     access_log: bool = True
     access_log_sample_rate: float = Field(1.0, ge=0, le=1, description="Share of successful requests logged.")
+
+    @field_validator("pools")
+    @classmethod
+    def _some_pool(cls, pools: tuple[PoolConfig, ...]) -> tuple[PoolConfig, ...]:
+        # not `min_length`: a tuple whose one pool is invalid would then also be reported "too short"
+        if not pools:
+            raise ValueError("at least one pool is required")
+        return pools
 
     @model_validator(mode="after")
     def _unique_pools(self) -> GatewayConfig:

@@ -70,6 +70,18 @@ def engine_latencies(ticket: Ticket) -> tuple[float | None, float | None]:
     return ttft, latencies(ticket).tpot
 
 
+def client_headers(ticket: Ticket) -> dict[str, str]:
+    """What a completion's response tells the client about its way through the gateway."""
+    return {
+        "x-omnigate-pool": ticket.pool,
+        "x-omnigate-backend": ticket.backend or "",
+        "x-omnigate-queue-ms": f"{ticket.queue_seconds * 1000:.1f}",
+        "x-omnigate-bucket": ticket.bucket,
+        "x-omnigate-priority": str(ticket.priority),
+        "x-omnigate-estimated-tokens": str(ticket.cost.total_tokens),
+    }
+
+
 class Exchange:
     """One client exchange: tracks whether headers went out and whether the client left."""
 
@@ -265,7 +277,7 @@ class CompletionEndpoint:
             return upstream, lease
 
     def _response_headers(self, ticket: Ticket) -> list[tuple[bytes, bytes]]:
-        return [(k.encode(), v.encode()) for k, v in self.gw.client_headers(ticket).items()]
+        return [(k.encode(), v.encode()) for k, v in client_headers(ticket).items()]
 
     async def _send_whole(self, ex: Exchange, ticket: Ticket, upstream: OpenUpstream) -> None:
         body = upstream.first
@@ -282,7 +294,7 @@ class CompletionEndpoint:
         ticket.outcome = Outcome.OK
         ex.started = ex.complete = True
         ex.status = 200
-        await send_json(ex.send, 200, body, self.gw.client_headers(ticket))
+        await send_json(ex.send, 200, body, client_headers(ticket))
 
     async def _relay_stream(
         self,

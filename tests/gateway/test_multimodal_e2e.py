@@ -45,8 +45,8 @@ def gw_url(tmp_path_factory):
     policy.write_text("version: 1\n")
     with ExitStack() as stack:
         sim = stack.enter_context(serve(create_sim(SimConfig(model=MODEL, time_scale=200, seed=1))))
-        config = gateway_config([sim.url], policy)
-        config.pools[0].models = [MODEL]
+        pool = {"name": "interactive", "models": [MODEL], "backends": [sim.url], "health_interval_s": 0.2}
+        config = gateway_config([sim.url], policy, pools=[pool])
         gw = stack.enter_context(serve(create_app(config)))
         yield gw.url
 

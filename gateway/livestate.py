@@ -1,0 +1,84 @@
+"""What the replica shows of its state rather than of events: the gauges refreshed every second (and on
+each scrape), the inputs of the alert rules, and the `/admin/state` document."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gateway.admission.scheduler import PoolScheduler
+from gateway.backends.pool import Pool
+from gateway.observability import record
+from gateway.observability.rolling import SloTracker
+from gateway.observability.rules import AlertInputs
+from gateway.reloader import PolicyHolder
+from gateway.stages.measure import Measure
+
+
+class LiveState:
+    def __init__(
+        self,
+        policy: PolicyHolder,
+        pools: Mapping[str, Pool],
+        schedulers: Mapping[str, PoolScheduler],
+        slo: SloTracker,
+        measure: Measure,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self.pools = pools
+        self.schedulers = schedulers
+        self.slo = slo
+        self.measure = measure
+        self.clock = clock
+
+    def alert_inputs(self) -> AlertInputs:
+        policy = self.policy.current
+        targets = {c: (s.ttft_p99_s, s.tpot_p99_s) for c, s in policy.queue.classes.items()}
+        return AlertInputs.build(
+            queue_depth={name: len(s.queue) for name, s in self.schedulers.items()},
+            backends=[b for pool in self.pools.values() for b in pool.backends],
+            slo_stats=self.slo.snapshot(self.clock()).values(),
+            slo_targets=targets,
+            answered_total=self.measure.answered,
+            rejected_total=self.measure.rejected,
+        )
+
+    def export_gauges(self) -> None:
+        """Refresh the gauges that describe state rather than events."""
+        policy = self.policy.current
+        for name, sched in self.schedulers.items():
+            snap = sched.snapshot()
+            for band in policy.queue.priorities.levels.values():
+                depth = int(snap["queue_by_priority"].get(str(band), 0))
+                record.record_queue(name, band, depth, snap["oldest_wait_by_priority"].get(str(band), 0.0))
+            record.record_window(name, snap["window_s"])
+        record.record_backends(b for pool in self.pools.values() for b in pool.backends)
+        targets = {c: (s.ttft_p99_s, s.tpot_p99_s) for c, s in policy.queue.classes.items()}
+        record.record_slo(self.slo.snapshot(self.clock()).values(), targets)
+
+    def kv_usage(self, backend: str | None) -> float | None:
+        """The scraped KV use of the backend of that name (any pool: it may have been lent)."""
+        for pool in self.pools.values():
+            for b in pool.backends:
+                if b.name == backend:
+                    return b.token_usage
+        return None
+
+    def admin_state(self) -> dict[str, Any]:
+        """`/admin/state`: per pool its scheduler's snapshot, each backend with its health and scrape."""
+        out: dict[str, Any] = {"pools": {}}
+        for name, pool in self.pools.items():
+            snap = self.schedulers[name].snapshot()
+            for entry, b in zip(snap["backends"], pool.backends, strict=True):
+                entry.update(
+                    backend=b.name,
+                    healthy=b.healthy,
+                    circuit=b.circuit,
+                    token_usage=b.token_usage,
+                    running=b.running_reqs,
+                    queued=b.queue_reqs,
+                )
+            out["pools"][name] = snap
+        return out
