@@ -16,9 +16,8 @@ from gateway.policy import Policy, PolicyError, diff_policies, load_policy, poli
 
 
 def _setup_logging(level: str) -> None:
-    """A plain stderr handler, written from the event loop: a QueueHandler/QueueListener thread was measured
-    costlier per line, not cheaper (bench/overhead.py). httpx's INFO line per request (admin and alert
-    clients) stays out of the log."""
+    """A plain handler written from the event loop (a queue and listener thread costs more: docs/decisions/
+    0004-plain-log-handler.md). httpx's INFO line per request (admin and alert clients) stays out."""
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -1,8 +1,7 @@
 """Upstream I/O on aiohttp: open a request on one backend and relay its raw bytes, with explicit deadlines.
 
-aiohttp rather than httpx because the upstream client was most of the gateway's CPU per request: measured
-in bench/README.md, a bare proxy spends ~10x less CPU per request with aiohttp than with httpx (whose pool
-scans every idle connection per request and stacks several async-generator layers per chunk).
+aiohttp rather than httpx because the upstream client was most of the gateway's CPU per request
+(docs/decisions/0001-upstream-client-aiohttp.md).
 
 Opening ends when the first body bytes arrive (or fails with an UpstreamError saying whether a retry on
 another backend is safe). Relaying hands out the body as it arrives (`iter_any` coalesces what is already

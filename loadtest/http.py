@@ -1,10 +1,9 @@
 """A minimal keep-alive HTTP/1.1 client on raw asyncio streams.
 
-Why not httpx: measured on this project's 2-core box against a zero-latency SSE server, one httpx
-AsyncClient held 500 streaming req/s (send-lag P99 2.0 ms) but collapsed to ~200 req/s when offered
-800; raw asyncio streams held 2000 req/s at 1.1 ms lag P99. The load generator must never be the
-bottleneck, so it speaks just enough HTTP/1.1: one request per connection at a time, Content-Length
-or chunked or close-delimited bodies, and a pool of idle connections per origin.
+Why not httpx: the load generator must never be the bottleneck, and an httpx client collapsed well
+below the rates raw asyncio streams hold (docs/decisions/0009-loadgen-raw-http-client.md). So it speaks
+just enough HTTP/1.1: one request per connection at a time, Content-Length or chunked or close-delimited
+bodies, and a pool of idle connections per origin.
 """
 
 from __future__ import annotations

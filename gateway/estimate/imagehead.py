@@ -3,7 +3,7 @@
 Pricing an image needs only its size, so we never decode pixels: each reader looks at a few dozen bytes
 (JPEG walks its segment list to the first SOF marker). A reader returns None when the bytes it was given
 end before the answer, so the caller can fetch a longer prefix; it raises HeaderError when the bytes
-cannot be the format at all. Measured ~10x faster than Pillow's lazy open (bench/estimate.py).
+cannot be the format at all. Faster than Pillow's lazy open, which bench/estimate.py measures.
 
 EXIF orientation is deliberately ignored: neither SGLang nor the Hugging Face processors rotate images
 before counting, and the Qwen token count is symmetric in (w, h) anyway.

@@ -6,8 +6,7 @@ continuation bytes are dropped, so each character leaves one class byte); the fe
 whitespace, CJK characters (UTF-8 lead bytes E3–ED, EF: kana, CJK ideographs, Hangul, full-width forms),
 other non-ASCII and 4-byte characters (emoji). The weights were fitted by least squares on relative error
 against the Qwen2/2.5/3 BPE tokenizer (151k vocab) over English prose, docs, Python code, JSON and Chinese
-technical text: hold-out mean absolute error 3.6 %, p95 9.6 % (bench/estimate.py --tokenizer re-measures).
-About 8 µs per KB of text.
+technical text; bench/estimate.py measures its accuracy and speed (figures: gateway/estimate/README.md).
 
 `TokenizerCounter` is the exact alternative when ops point the policy at a local tokenizer.json.
 """
