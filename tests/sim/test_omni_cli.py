@@ -8,8 +8,11 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.processes import ROOT, Processes, child_env
+
+pytestmark = pytest.mark.e2e
 
 
 def test_api_switch_starts_the_omni_server_and_keeps_sglang_the_default(tmp_path: Path) -> None:

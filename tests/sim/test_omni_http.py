@@ -29,6 +29,8 @@ from loadtest.sim.omni.server import create_app
 from loadtest.sim.responses import output_text
 from tests.support.servers import ServerThread, serve
 
+pytestmark = pytest.mark.e2e
+
 FAST = 100.0
 FRAMES_PER_TOKEN = 3.85
 SPEECH_STAGES = [
