@@ -20,7 +20,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from gateway.config import ConfigError, parse_config
-from gateway.schema import Frozen, describe
+from gateway.schema import Frozen, FrozenDict, describe
 from loadtest.ports import free_port
 
 DEFAULT_PORT = 8080
@@ -38,7 +38,7 @@ class DemoError(RuntimeError):
 
 class Stream(Frozen):
     share: float = Field(1.0, gt=0)
-    workload: dict[str, Any] = Field(default_factory=dict, description="A loadtest workload (partial).")
+    workload: FrozenDict[str, Any] = Field(default_factory=dict, description="A loadtest workload (partial).")
 
 
 class DemoSettings(Frozen):
@@ -47,7 +47,7 @@ class DemoSettings(Frozen):
     max_in_flight: int = Field(48, ge=1)
     request_timeout_s: float = Field(60.0, gt=0)
     drain_s: float = Field(5.0, ge=0)
-    sim_args: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    sim_args: FrozenDict[str, tuple[str, ...]] = Field(default_factory=dict)
     streams: tuple[Stream, ...] = Field(default_factory=lambda: (Stream(share=1.0),), min_length=1)
 
 
