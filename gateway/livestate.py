@@ -67,7 +67,8 @@ class LiveState:
         return None
 
     def admin_state(self) -> dict[str, Any]:
-        """`/admin/state`: per pool its scheduler's snapshot, each backend with its health and scrape."""
+        """`/admin/state`: per pool its kind and its scheduler's snapshot, each backend with its health,
+        scrape and capacity model (its stages and their limits, as its kind reads them)."""
         out: dict[str, Any] = {"pools": {}}
         for name, pool in self.pools.items():
             snap = self.schedulers[name].snapshot()
@@ -79,6 +80,10 @@ class LiveState:
                     token_usage=b.token_usage,
                     running=b.running_reqs,
                     queued=b.queue_reqs,
+                    stages=[
+                        {"stage": s.name, "unit": s.unit, "limit": s.limit}
+                        for s in pool.kind.capacity(b).stages
+                    ],
                 )
-            out["pools"][name] = snap
+            out["pools"][name] = {"kind": pool.kind.name, **snap}
         return out

@@ -1,4 +1,5 @@
-"""Parse and validate the OpenAI request envelope; the estimate room validates content parts.
+"""Parse and validate the OpenAI request envelope; the estimate room validates content parts (a backend's
+error bodies are mapped by its kind: gateway/backends/kinds/errors.py).
 
 Checks happen in the order a client would want to hear about them: content type, size, JSON, then fields.
 """
@@ -157,30 +158,4 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
         )
     return ParsedRequest(
         endpoint=endpoint, body=body, model=model, stream=stream, include_usage=include_usage
-    )
-
-
-def upstream_error(status: int, raw: bytes) -> ApiError:
-    """Map a backend's error body (SGLang `{"object":"error",...}`, `{"detail":...}`, or anything) to ours."""
-    message = None
-    code: Any = None
-    err_type = None
-    try:
-        data = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError:
-        data = None
-    if isinstance(data, dict):
-        nested = data.get("error")
-        inner: dict[str, Any] = nested if isinstance(nested, dict) else data
-        message = inner.get("message") or inner.get("detail")
-        code = inner.get("code")
-        err_type = inner.get("type")
-    if not isinstance(message, str) or not message:
-        message = f"Backend returned HTTP {status}."
-    mapped = status if status in (400, 404, 413, 422, 429) else (503 if status == 503 else 502)
-    return ApiError(
-        mapped,
-        message,
-        code=str(code) if code is not None else "upstream_error",
-        type=err_type if isinstance(err_type, str) else None,
     )

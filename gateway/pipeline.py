@@ -21,13 +21,12 @@ from gateway.asgi import send_error, send_json
 from gateway.errors import ApiError, ErrorCode
 from gateway.observability import metrics, record
 from gateway.observability.record import latencies
-from gateway.openai_api import Endpoint, ParsedRequest, parse_request, read_body, upstream_error
+from gateway.openai_api import Endpoint, ParsedRequest, parse_request, read_body
 from gateway.proxy import (
     Deadlines,
     OpenUpstream,
     TruncatedStream,
     UpstreamError,
-    UpstreamStatusError,
     UpstreamTimeout,
     open_upstream,
 )
@@ -196,8 +195,9 @@ class CompletionEndpoint:
         retries: int,
     ) -> tuple[OpenUpstream, Lease]:
         """Wait for a lease and open the upstream; before the first byte, retry on another backend. The
-        body is serialised per attempt: a backend that schedules by priority gets the dispatch's engine
-        priority (`Dispatcher.engine_priority`) in `priority`."""
+        body is shaped and serialised per attempt by the backend's kind (a backend that schedules by
+        priority gets the dispatch's engine priority, `Dispatcher.engine_priority`); a failure is judged
+        by it too: whether another backend may serve, whether the circuit counts it, what the client gets."""
         exclude: set[str] = set()
         scheduler = self.gw.schedulers[pool.name]
         requeued = False
@@ -205,11 +205,7 @@ class CompletionEndpoint:
             lease = await scheduler.acquire(ticket, exclude=exclude, requeued=requeued)
             backend = lease.backend
             owner = self.gw.pools[backend.pool]  # differs from `pool` when an idle backend is lent
-            if owner.config.priority_scheduling:
-                body["priority"] = lease.engine_priority
-            else:  # the engine's priority is the gateway's to set: a client's would bypass its caps
-                body.pop("priority", None)
-            payload = orjson.dumps(body)
+            payload = owner.kind.payload(body, lease.engine_priority)
             ticket.backend = backend.name
             ticket.dispatched_at = self.gw.clock()
             record.record_dispatch(ticket)
@@ -230,15 +226,15 @@ class CompletionEndpoint:
                         stream=ticket.stream,
                     )
             except UpstreamError as e:
-                answered = isinstance(e, UpstreamStatusError)
-                overloaded = answered and e.status in (429, 503)
-                lease.release(Usage(0, 0), Outcome.OVERLOADED if overloaded else Outcome.UPSTREAM_ERROR)
+                verdict = owner.kind.judge(e)
+                ended = Outcome.OVERLOADED if verdict.overloaded else Outcome.UPSTREAM_ERROR
+                lease.release(Usage(0, 0), ended)
                 metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend, e.label).inc()
-                if not answered or e.status >= 500:
+                if verdict.backend_fault:
                     owner.record_failure(backend)
                 exclude.add(backend.url)
                 if (
-                    e.retryable
+                    verdict.retry
                     and len(exclude) <= retries
                     and any(b.available and b.url not in exclude for b in pool.backends)
                 ):
@@ -250,12 +246,8 @@ class CompletionEndpoint:
                         ticket.backend,
                     )
                     continue
-                if isinstance(e, UpstreamStatusError):
-                    client_fault = 400 <= e.status < 500 and e.status != 429
-                    ticket.outcome = Outcome.CLIENT_ERROR if client_fault else Outcome.UPSTREAM_ERROR
-                    raise upstream_error(e.status, e.body) from None
-                ticket.outcome = Outcome.UPSTREAM_ERROR
-                raise ApiError(e.status, e.message, code=e.code) from None
+                ticket.outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
+                raise verdict.error from None
             except BaseException:
                 lease.release(Usage(0, 0), Outcome.CANCELLED)
                 raise
@@ -352,7 +344,9 @@ class CompletionEndpoint:
             ticket.outcome = Outcome.TIMEOUT if isinstance(e, UpstreamTimeout) else Outcome.UPSTREAM_ERROR
             ticket.error, ticket.error_status = e.message, e.status
             metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", e.label).inc()
-            self.gw.pools[lease.backend.pool].record_failure(lease.backend)
+            owner = self.gw.pools[lease.backend.pool]
+            if owner.kind.judge(e).backend_fault:
+                owner.record_failure(lease.backend)
             await ex.finish(relay.flush() + error_event(e.message, e.status))
         finally:
             ticket.first_token_at = relay.first_token_at

@@ -15,7 +15,8 @@ Failures are a small class hierarchy in the manner of httpx's exceptions, so cal
     │   ├── FirstByteTimeout      a stream's first byte did not come in time
     │   ├── IdleTimeout           a stream went quiet for longer than the idle deadline
     │   └── TotalTimeout          the whole request took longer than its total deadline
-    ├── UpstreamStatusError       the backend answered with a non-200 status (its body kept)
+    ├── UpstreamStatusError       the backend answered with a non-200 status (its body kept; what that
+    │                             means — retry, the backend's fault — is its kind's to judge)
     └── UpstreamProtocolError     502: the exchange broke
         ├── BrokenBeforeFirstByte before the first byte (retryable)
         ├── BrokenMidStream       mid-stream, after bytes reached the client
@@ -38,7 +39,6 @@ import anyio
 
 from gateway.errors import ErrorCode
 
-RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 # Identity encoding: bytes are relayed as they come, so the backend must not compress them.
 _FIXED_HEADERS = {"accept-encoding": "identity"}
 
@@ -87,7 +87,7 @@ class TotalTimeout(UpstreamTimeout):
 
 
 class UpstreamStatusError(UpstreamError):
-    """The backend answered `status` (not 200) with `body`; the client gets it mapped (openai_api)."""
+    """The backend answered `status` (not 200) with `body`; its kind's adapter judges and maps it."""
 
     label = "status"
 
@@ -95,7 +95,6 @@ class UpstreamStatusError(UpstreamError):
         super().__init__(f"Backend answered HTTP {status}.")
         self.status = status
         self.body = body
-        self.retryable = status in RETRYABLE_STATUS
 
 
 class UpstreamProtocolError(UpstreamError):

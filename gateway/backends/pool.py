@@ -1,4 +1,5 @@
-"""A pool of SGLang backends: one shared aiohttp session, live backend state, health checks and scrapes."""
+"""A pool of backends of one kind: one shared aiohttp session, live backend state, and the health-check loop
+that asks the kind's adapter to probe each backend."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ from collections.abc import Callable
 
 import aiohttp
 import anyio
-import orjson
 
 from gateway.backends import circuit
-from gateway.backends.scrape import apply_metrics_text, apply_server_info
+from gateway.backends.kinds import adapter_for
 from gateway.backends.state import BackendState
 from gateway.config import PoolConfig
 
@@ -20,7 +20,6 @@ log = logging.getLogger("omnigate.backends")
 # Idle upstream connections close after this; below uvicorn's (SGLang's server) 5 s default so the gateway
 # never sends a request on a connection the backend is closing.
 KEEPALIVE_S = 4.0
-PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 
 
 class Pool:
@@ -29,6 +28,7 @@ class Pool:
     def __init__(self, config: PoolConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.name = config.name
+        self.kind = adapter_for(config)
         self._clock = clock
         self.backends = [
             BackendState(url=url, pool=config.name, name=f"{config.name}-{i}")
@@ -66,32 +66,11 @@ class Pool:
 
     async def check(self, state: BackendState) -> None:
         assert self._probe is not None
-        now = self._clock()
-        circuit.refresh(state, now)
-        try:
-            async with self._probe.get(state.url + "/health", timeout=PROBE_TIMEOUT) as resp:
-                healthy = resp.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            healthy = False
+        circuit.refresh(state, self._clock())
+        healthy = await self.kind.probe(self._probe, state, self._clock)
         if healthy != state.healthy:
             log.warning("backend %s %s", state.name, "healthy" if healthy else "unhealthy")
         state.healthy = healthy
-        if healthy:
-            await self._scrape(state)
-
-    async def _scrape(self, state: BackendState) -> None:
-        assert self._probe is not None
-        try:
-            if state.max_total_tokens is None:
-                async with self._probe.get(state.url + "/get_server_info", timeout=PROBE_TIMEOUT) as info:
-                    if info.status == 200:
-                        apply_server_info(state, orjson.loads(await info.read()))
-            async with self._probe.get(state.url + "/metrics", timeout=PROBE_TIMEOUT) as resp:
-                if resp.status == 200:
-                    apply_metrics_text(state, (await resp.read()).decode("utf-8", "replace"))
-                    state.last_scrape = self._clock()
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError) as e:
-            log.debug("scrape of %s failed: %s", state.name, e)
 
 
 def _session(max_connections: int) -> aiohttp.ClientSession:

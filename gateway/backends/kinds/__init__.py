@@ -1,0 +1,16 @@
+"""Backend kinds: one adapter per kind of server behind a pool (the interface is `base.BackendKind`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.backends.kinds.base import BackendKind
+from gateway.backends.kinds.sglang import SGLang
+from gateway.config import PoolConfig
+
+_KINDS: dict[str, Callable[[PoolConfig], BackendKind]] = {SGLang.name: SGLang}
+
+
+def adapter_for(config: PoolConfig) -> BackendKind:
+    """The adapter of the pool's `kind` (the config schema admits only kinds listed here)."""
+    return _KINDS[config.kind](config)

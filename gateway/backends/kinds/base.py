@@ -1,0 +1,110 @@
+"""What the gateway asks of one kind of inference server: the backend-kind interface.
+
+The pipeline and admission never branch on a pool's `kind`; they ask its adapter, one object per pool built
+from the pool's config (`gateway.backends.kinds.adapter_for`). An adapter owns what differs between servers:
+
+- request shaping (`payload`): the validated, priced client body as this server takes it;
+- load signals (`probe`): health and scrapes, written onto the `BackendState` the dispatcher reads;
+- error mapping (`judge`): what an upstream failure means — try another backend? the backend's fault (the
+  circuit breaker counts it)? an overload answer? the client's fault? — and the OpenAI error the client gets;
+- capacity (`capacity`, `stages_of`): the stages a backend's work passes through, each with its limit and
+  unit, and which of them one request holds while it runs. Plain SGLang is one stage, `engine`; a staged
+  server (SGLang-Omni) lists e.g. `encoder`, `thinker`, `talker`, `code2wav` in pipeline order, so
+  admission can budget each stage without knowing which server it talks to.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import aiohttp
+
+from gateway.backends.state import BackendState
+from gateway.errors import ApiError
+from gateway.proxy import UpstreamError
+from gateway.ticket import Ticket
+
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+"""Every health check and scrape: a backend too slow to answer one in time counts as unhealthy."""
+
+
+class StageUnit(StrEnum):
+    """What a stage's limit counts."""
+
+    REQUESTS = "requests"  # requests running in it at once (a continuous-batching engine's cap)
+    AUDIO_SECONDS_PER_S = "audio_seconds_per_s"  # audio it produces per wall second (a serial vocoder)
+    ITEMS_PER_BATCH = "items_per_batch"  # media items it encodes in one batch (an encoder)
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One stage of a backend's engine and its limit: the server's own setting as the backend reported it
+    or as the server's defaults set it; None while unknown (then admission's own limits decide)."""
+
+    name: str
+    unit: StageUnit
+    limit: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """A backend's capacity model: its stages, in pipeline order."""
+
+    stages: tuple[Stage, ...]
+
+    def stage(self, name: str) -> Stage:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one upstream failure means, as the backend's kind reads it.
+
+    `error` is what the client gets when nothing else is tried; `retry`: another backend may serve the
+    request (nothing reached the client); `backend_fault`: it counts toward the backend's circuit breaker;
+    `overloaded`: the backend refused for load (a drop for the concurrency limit, never a request's end);
+    `client_fault`: the request's own content is at fault (its outcome is `client_error`).
+    """
+
+    error: ApiError
+    retry: bool
+    backend_fault: bool
+    overloaded: bool
+    client_fault: bool
+
+
+class BackendKind(abc.ABC):
+    """One adapter per pool; `name` is the pool config's `kind`."""
+
+    name: str
+
+    @abc.abstractmethod
+    def payload(self, body: dict[str, Any], engine_priority: int) -> bytes:
+        """The request body as this server takes it, serialised (once per attempt; may shape `body` in
+        place). `engine_priority` is the dispatch's engine priority, for servers that schedule by one."""
+
+    @abc.abstractmethod
+    async def probe(
+        self, session: aiohttp.ClientSession, state: BackendState, clock: Callable[[], float]
+    ) -> bool:
+        """Check the backend's health and, when healthy, read its load signals onto `state`; True if
+        healthy. Never raises for a failed scrape: a missing signal stays as it was."""
+
+    @abc.abstractmethod
+    def judge(self, error: UpstreamError) -> Verdict:
+        """What an upstream failure (before or during the relay) means for this server."""
+
+    @abc.abstractmethod
+    def capacity(self, state: BackendState) -> Capacity:
+        """The backend's stages and their limits, as far as its probes have told them."""
+
+    @abc.abstractmethod
+    def stages_of(self, ticket: Ticket) -> tuple[str, ...]:
+        """The names of the stages (of `capacity`) that this priced request holds while it runs."""

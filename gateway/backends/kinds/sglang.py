@@ -1,0 +1,99 @@
+"""The plain SGLang server (`kind: sglang`): OpenAI routes, `sglang:*` metrics, one batching engine.
+
+Shaping: the body goes as the client sent it, except `priority`, which is the gateway's to set — the
+dispatch's engine priority on a pool whose engines schedule by priority (`priority_scheduling`), removed
+otherwise (a client's own would bypass the gateway's caps).
+Errors: SGLang answers a bad request with a 4xx; a 5xx is the server's own failure, so another backend may
+serve the request and the circuit counts it; 429 and 503 are overload answers. Closing the connection
+aborts the request in the engine (SGLang's handler watches for the disconnect), so a lease can end with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.backends.kinds.base import PROBE_TIMEOUT, BackendKind, Capacity, Stage, StageUnit, Verdict
+from gateway.backends.kinds.errors import upstream_error
+from gateway.backends.kinds.sglang_scrape import apply_metrics_text, apply_server_info
+from gateway.backends.state import BackendState
+from gateway.config import PoolConfig
+from gateway.errors import ApiError
+from gateway.proxy import UpstreamError, UpstreamStatusError
+from gateway.ticket import Ticket
+
+log = logging.getLogger("omnigate.backends")
+
+RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+OVERLOAD_STATUS = frozenset({429, 503})
+ENGINE = "engine"
+_ENGINE_ONLY = (ENGINE,)
+
+
+class SGLang(BackendKind):
+    name = "sglang"
+
+    def __init__(self, config: PoolConfig) -> None:
+        self.priority_scheduling = config.priority_scheduling
+
+    def payload(self, body: dict[str, Any], engine_priority: int) -> bytes:
+        if self.priority_scheduling:
+            body["priority"] = engine_priority
+        else:
+            body.pop("priority", None)
+        return orjson.dumps(body)
+
+    async def probe(
+        self, session: aiohttp.ClientSession, state: BackendState, clock: Callable[[], float]
+    ) -> bool:
+        try:
+            async with session.get(state.url + "/health", timeout=PROBE_TIMEOUT) as resp:
+                healthy = resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+        if healthy:
+            await self._scrape(session, state, clock)
+        return healthy
+
+    async def _scrape(
+        self, session: aiohttp.ClientSession, state: BackendState, clock: Callable[[], float]
+    ) -> None:
+        try:
+            if state.max_total_tokens is None:
+                async with session.get(state.url + "/get_server_info", timeout=PROBE_TIMEOUT) as info:
+                    if info.status == 200:
+                        apply_server_info(state, orjson.loads(await info.read()))
+            async with session.get(state.url + "/metrics", timeout=PROBE_TIMEOUT) as resp:
+                if resp.status == 200:
+                    apply_metrics_text(state, (await resp.read()).decode("utf-8", "replace"))
+                    state.last_scrape = clock()
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError) as e:
+            log.debug("scrape of %s failed: %s", state.name, e)
+
+    def judge(self, error: UpstreamError) -> Verdict:
+        if isinstance(error, UpstreamStatusError):
+            status = error.status
+            return Verdict(
+                error=upstream_error(status, error.body),
+                retry=status in RETRYABLE_STATUS,
+                backend_fault=status >= 500,
+                overloaded=status in OVERLOAD_STATUS,
+                client_fault=400 <= status < 500 and status != 429,
+            )
+        return Verdict(
+            error=ApiError(error.status, error.message, code=error.code),
+            retry=error.retryable,
+            backend_fault=True,
+            overloaded=False,
+            client_fault=False,
+        )
+
+    def capacity(self, state: BackendState) -> Capacity:
+        return Capacity((Stage(ENGINE, StageUnit.REQUESTS, state.max_running_requests),))
+
+    def stages_of(self, ticket: Ticket) -> tuple[str, ...]:
+        return _ENGINE_ONLY
