@@ -48,11 +48,17 @@ class LiveState:
     def export_gauges(self) -> None:
         """Refresh the gauges that describe state rather than events."""
         policy = self.policy.current
+        levels = policy.queue.priorities
         for name, sched in self.schedulers.items():
             snap = sched.snapshot()
-            for band in policy.queue.priorities.levels.values():
-                depth = int(snap["queue_by_priority"].get(str(band), 0))
-                record.record_queue(name, band, depth, snap["oldest_wait_by_priority"].get(str(band), 0.0))
+            depth = dict.fromkeys(levels.levels, 0)
+            oldest = dict.fromkeys(levels.levels, 0.0)
+            for priority, n in snap["queue_by_priority"].items():  # one band holds every priority in it
+                band = levels.band(int(priority))
+                depth[band] = depth.get(band, 0) + int(n)
+                oldest[band] = max(oldest.get(band, 0.0), snap["oldest_wait_by_priority"].get(priority, 0.0))
+            for band, n in depth.items():
+                record.record_queue(name, band, n, oldest[band])
             record.record_window(name, snap["window_s"])
         record.record_backends(b for pool in self.pools.values() for b in pool.backends)
         targets = {c: (s.ttft_p99_s, s.tpot_p99_s) for c, s in policy.queue.classes.items()}

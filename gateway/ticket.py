@@ -75,6 +75,7 @@ class Ticket:
     pool: str = ""
     traffic_class: str = "interactive"
     priority: int = 0
+    band: str = ""  # the priority's level name (policy `queue.priorities.levels`): its metric label
     bucket: str = "text"
     cost: Cost = field(default_factory=Cost)
     deadline: float = float("inf")

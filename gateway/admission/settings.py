@@ -57,6 +57,20 @@ class PriorityPolicy(_Strict):
         """The top configured level: bands at or above it keep no reserve."""
         return max(self.levels.values(), default=None)
 
+    def clamp(self, priority: int) -> int:
+        """Into the configured levels' range (without levels: the default), so a client's `x-priority`
+        can neither jump every band nor sink below the lowest one and grow a new band per value."""
+        if not self.levels:
+            return self.default
+        return max(min(self.levels.values()), min(priority, max(self.levels.values())))
+
+    def band(self, priority: int) -> str:
+        """The name of the level a clamped priority falls in (the highest at or below it): what metrics
+        label a priority by, so their label values are the policy's level names, never a client's number.
+        """
+        at_or_below = [(value, name) for name, value in self.levels.items() if value <= priority]
+        return min(at_or_below, key=lambda vn: (-vn[0], vn[1]))[1] if at_or_below else "default"
+
 
 class QueuePolicy(_Strict):
     classes: dict[str, SLOClass] = Field(

@@ -50,12 +50,12 @@ def record_priced(t: Ticket) -> None:
 
 def record_dispatch(t: Ticket) -> None:
     """A ticket left the queue for a backend: its queue wait."""
-    m.QUEUE_WAIT.labels(t.pool, str(t.priority)).observe(t.queue_seconds)
+    m.QUEUE_WAIT.labels(t.pool, t.band).observe(t.queue_seconds)
 
 
 def record_finished(t: Ticket) -> Latencies:
     """A request the gateway answered (any outcome but a rejection): counts, latencies, tokens, estimates."""
-    m.REQUESTS.labels(t.pool, t.traffic_class, t.tenant, t.bucket, str(t.priority), t.outcome).inc()
+    m.REQUESTS.labels(t.pool, t.traffic_class, t.tenant, t.bucket, t.band, t.outcome).inc()
     lat = latencies(t)
     labels = (t.pool, t.traffic_class)
     if lat.ttft is not None:
@@ -85,12 +85,12 @@ def _estimation(t: Ticket) -> None:
 def record_rejection(t: Ticket, reason: RejectionReason) -> None:
     """A request the gateway refused, counted by its reason (gateway/errors.py: `rejection_reason`)."""
     m.REJECTIONS.labels(reason, t.traffic_class).inc()
-    m.REQUESTS.labels(t.pool, t.traffic_class, t.tenant, t.bucket, str(t.priority), Outcome.REJECTED).inc()
+    m.REQUESTS.labels(t.pool, t.traffic_class, t.tenant, t.bucket, t.band, Outcome.REJECTED).inc()
 
 
-def record_queue(pool: str, priority: int, depth: int, oldest_wait_s: float) -> None:
-    m.QUEUE_DEPTH.labels(pool, str(priority)).set(depth)
-    m.QUEUE_OLDEST_WAIT.labels(pool, str(priority)).set(oldest_wait_s)
+def record_queue(pool: str, band: str, depth: int, oldest_wait_s: float) -> None:
+    m.QUEUE_DEPTH.labels(pool, band).set(depth)
+    m.QUEUE_OLDEST_WAIT.labels(pool, band).set(oldest_wait_s)
 
 
 def record_window(pool: str, window_s: float) -> None:

@@ -24,6 +24,9 @@ from gateway.tenants.service import QuotaExceeded, Reservation, TenantService
 from gateway.ticket import Ticket
 
 QUOTA_WAIT_MAX_S = 60.0  # a tenant that may wait for its quota never waits for a refill longer than this
+# a client deadline only ever tightens the class's; past a week it means nothing, and an unbounded integer
+# would overflow the float clock
+MAX_DEADLINE_MS = 7 * 24 * 3600 * 1000
 
 
 def _int_header(request: Request, name: str) -> int | None:
@@ -71,11 +74,15 @@ class Admit:
         ticket.traffic_class = traffic_class
         pool = self.router.route(parsed.model, traffic_class, policy)
         ticket.pool = pool.name
-        ticket.priority = self.tenants.effective_priority(tenant, _int_header(request, "x-priority"))
+        levels = policy.queue.priorities
+        ticket.priority = levels.clamp(
+            self.tenants.effective_priority(tenant, _int_header(request, "x-priority"))
+        )
+        ticket.band = levels.band(ticket.priority)
         ticket.job_id = request.headers.get("x-omnigate-job")
         deadline_ms = _int_header(request, "x-omnigate-deadline-ms")
         if deadline_ms is not None:
-            ticket.deadline = ticket.arrival + max(0, deadline_ms) / 1000
+            ticket.deadline = ticket.arrival + min(max(0, deadline_ms), MAX_DEADLINE_MS) / 1000
         ticket.cost, ticket.bucket = self.estimator().estimate(
             parsed.body, endpoint=parsed.endpoint, tenant=tenant.id
         )

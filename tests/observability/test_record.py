@@ -19,7 +19,8 @@ REGISTRY_README = Path(__file__).resolve().parents[2] / "gateway" / "observabili
 def _ticket(tenant: str, outcome: str = "ok") -> Ticket:
     t = Ticket(id="req-1", model="qwen2.5-omni-7b", stream=True, arrival=100.0, tenant=tenant)
     t.pool = "interactive"
-    t.priority, t.bucket, t.job_id, t.backend = 10, "single_image", "job-1", "http://user:pw@10.0.0.1:30000"
+    t.priority, t.band, t.bucket, t.job_id = 10, "high", "single_image", "job-1"
+    t.backend = "http://user:pw@10.0.0.1:30000"
     t.cost = Cost(text_tokens=100, vision_tokens=300, expected_output_tokens=50, images=1, remote_media=1)
     t.dispatched_at, t.first_token_at, t.finished_at = 100.25, 100.75, 102.75
     t.usage, t.outcome = Usage(prompt_tokens=500, completion_tokens=101), outcome
@@ -44,22 +45,20 @@ def test_record_finished_feeds_every_request_metric() -> None:
     record.record_finished(t)
     base = {"pool": "interactive", "traffic_class": "interactive"}
     assert _value("omnigate_requests_total", {**base, "tenant": "t-record", "bucket": "single_image",
-                                               "priority": "10", "outcome": "ok"}) == 1  # fmt: skip
+                                               "priority": "high", "outcome": "ok"}) == 1  # fmt: skip
     assert _value("omnigate_tenant_tokens_total", {"tenant": "t-record", "kind": "prompt"}) == 500
     assert _value("omnigate_tenant_tokens_total", {"tenant": "t-record", "kind": "completion"}) == 101
     ratio = {"kind": "prompt", "bucket": "single_image", "le": "0.8"}
     assert _value("omnigate_estimation_ratio_bucket", ratio) >= 1  # 400 / 500 = 0.8
-    assert (
-        _value("omnigate_queue_wait_seconds_bucket", {"pool": "interactive", "priority": "10", "le": "0.25"})
-        >= 1
-    )
+    wait = {"pool": "interactive", "priority": "high", "le": "0.25"}
+    assert _value("omnigate_queue_wait_seconds_bucket", wait) >= 1
 
 
 def test_rejection_counts_reason_and_request_outcome() -> None:
     t = _ticket("t-reject", outcome="rejected")
     record.record_rejection(t, "slo_unattainable")
     labels = {"pool": "interactive", "traffic_class": "interactive", "tenant": "t-reject"}
-    labels |= {"bucket": "single_image", "priority": "10", "outcome": "rejected"}
+    labels |= {"bucket": "single_image", "priority": "high", "outcome": "rejected"}
     assert _value("omnigate_requests_total", labels) == 1
     assert (
         _value("omnigate_rejections_total", {"reason": "slo_unattainable", "traffic_class": "interactive"})
@@ -83,10 +82,10 @@ def test_backend_queue_and_slo_gauges() -> None:
         s: _value("omnigate_backend_circuit_state", {**where, "state": s}) for s in record.CIRCUIT_STATES
     }
     assert states == {"closed": 0, "open": 0, "half_open": 1}
-    record.record_queue("p-rec", 5, depth=12, oldest_wait_s=3.5)
+    record.record_queue("p-rec", "normal", depth=12, oldest_wait_s=3.5)
     record.record_window("p-rec", 0.02)
-    assert _value("omnigate_queue_depth", {"pool": "p-rec", "priority": "5"}) == 12
-    assert _value("omnigate_queue_oldest_wait_seconds", {"pool": "p-rec", "priority": "5"}) == 3.5
+    assert _value("omnigate_queue_depth", {"pool": "p-rec", "priority": "normal"}) == 12
+    assert _value("omnigate_queue_oldest_wait_seconds", {"pool": "p-rec", "priority": "normal"}) == 3.5
     assert _value("omnigate_batch_window_seconds", {"pool": "p-rec"}) == 0.02
     record.record_slo([ClassStats("c-rec", 40, 1.2, 0.05, 0.975)], {"c-rec": (2.0, None)})
     assert _value("omnigate_slo_attainment_ratio", {"traffic_class": "c-rec"}) == 0.975
