@@ -31,6 +31,7 @@ class ErrorCode(StrEnum):
     INVALID_AUDIO = "invalid_audio"
     INVALID_VIDEO = "invalid_video"
     UNSUPPORTED_MEDIA = "unsupported_media"
+    MEDIA_URL_NOT_ALLOWED = "media_url_not_allowed"
     TOO_MANY_IMAGES = "too_many_images"
     TOO_MANY_AUDIOS = "too_many_audios"
     TOO_MANY_VIDEOS = "too_many_videos"

@@ -21,6 +21,7 @@ from gateway.admission.settings import (
     WindowPolicy,
 )
 from gateway.estimate.settings import BucketPolicy, EstimationPolicy
+from gateway.estimate.urlpolicy import MediaUrlPolicy
 from gateway.observability.settings import AlertThresholds
 from gateway.schema import Frozen, FrozenDict, describe
 from gateway.tenants.settings import TenantDefaults
@@ -38,6 +39,10 @@ class Timeouts(Frozen):
 class PoolPolicy(Frozen):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     retries: int = Field(1, ge=0, le=3, description="Retries on another backend before the first byte.")
+    media_urls: MediaUrlPolicy = Field(
+        default_factory=MediaUrlPolicy,
+        description="What the pool's engines may be asked to fetch (default: no remote media).",
+    )
 
 
 class Policy(Frozen):

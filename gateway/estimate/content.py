@@ -14,8 +14,9 @@ import orjson
 from gateway.errors import ApiError, ErrorCode
 from gateway.estimate.blob import MediaError
 from gateway.estimate.imagehead import HeaderError
-from gateway.estimate.media import price_audio, price_image, price_video
+from gateway.estimate.media import media_source, price_audio, price_image, price_video
 from gateway.estimate.settings import EstimationPolicy, ModelProfile
+from gateway.estimate.urlpolicy import MediaUrlPolicy, MediaUrlRefused
 from gateway.estimate.vision import AspectError
 from gateway.ticket import Cost
 
@@ -25,6 +26,7 @@ _TOO_MANY = {
     "audios": ErrorCode.TOO_MANY_AUDIOS,
     "videos": ErrorCode.TOO_MANY_VIDEOS,
 }
+MEDIA_LISTS = ("images", "audios", "videos")  # sglang-omni's top-level media lists of a chat request
 
 
 def _bad(param: str, message: str, code: ErrorCode = ErrorCode.INVALID_CONTENT_PART) -> ApiError:
@@ -43,6 +45,10 @@ def _str(value: Any, param: str) -> str:
     return value
 
 
+def _refused(param: str, e: MediaUrlRefused) -> ApiError:
+    return _bad(param, f"media URL not allowed: {e}", ErrorCode.MEDIA_URL_NOT_ALLOWED)
+
+
 def _number(obj: dict[str, Any], key: str, param: str) -> float | None:
     value = obj.get(key)
     if value is None:
@@ -55,10 +61,17 @@ def _number(obj: dict[str, Any], key: str, param: str) -> float | None:
 class ContentPricer:
     """Prices chat messages / completion prompts into a Cost for one model profile."""
 
-    def __init__(self, profile: ModelProfile, policy: EstimationPolicy, count_text: TextCounter) -> None:
+    def __init__(
+        self,
+        profile: ModelProfile,
+        policy: EstimationPolicy,
+        count_text: TextCounter,
+        urls: MediaUrlPolicy,
+    ) -> None:
         self.profile = profile
         self.policy = policy
         self.count_text = count_text
+        self.urls = urls  # the pool's media URL policy: what its engines may be handed to fetch
 
     def chat(self, messages: list[Any], tools: Any = None) -> Cost:
         cost = Cost()
@@ -107,6 +120,24 @@ class ContentPricer:
                 raise _bad(f"prompt[{k}]", "must be a string or a list of token ids")
         return cost
 
+    def media_lists(self, body: dict[str, Any]) -> None:
+        """sglang-omni's top-level `images` / `audios` / `videos` lists hold paths and URLs the engine
+        opens: each item goes through the same door as a content part (not priced here)."""
+        for key in MEDIA_LISTS:
+            items = body.get(key)
+            if items is None:
+                continue
+            if not isinstance(items, list):
+                raise _bad(key, f"must be a list, got {type(items).__name__}")
+            for i, item in enumerate(items):
+                param = f"{key}[{i}]"
+                try:
+                    media_source(_str(item, param), self.urls)
+                except MediaUrlRefused as e:
+                    raise _refused(param, e) from None
+                except MediaError as e:
+                    raise _bad(param, f"invalid media: {e}") from None
+
     def _part(self, part: Any, where: str, cost: Cost) -> None:
         part = _obj(part, where)
         kind = part.get("type")
@@ -139,7 +170,9 @@ class ContentPricer:
         if detail is not None and detail not in ("auto", "low", "high"):
             raise _bad(f"{where}.image_url.detail", "must be one of 'auto', 'low', 'high'")
         try:
-            tokens, remote = price_image(url, detail, self.profile, self.policy)
+            tokens, remote = price_image(url, detail, self.profile, self.policy, self.urls)
+        except MediaUrlRefused as e:
+            raise _refused(f"{where}.image_url.url", e) from None
         except (MediaError, HeaderError, AspectError) as e:
             raise _bad(where, f"invalid image: {e}", ErrorCode.INVALID_IMAGE) from None
         cost.vision_tokens += tokens + self.profile.marker_tokens
@@ -158,10 +191,13 @@ class ContentPricer:
                 url,
                 self.profile,
                 self.policy,
+                self.urls,
                 seconds=_number(obj, "duration", param),
                 fps=_number(obj, "fps", param),
                 size=size,
             )
+        except MediaUrlRefused as e:
+            raise _refused(f"{param}.url", e) from None
         except (MediaError, AspectError) as e:
             raise _bad(where, f"invalid video: {e}", ErrorCode.INVALID_VIDEO) from None
         cost.vision_tokens += tokens + self.profile.marker_tokens
@@ -176,7 +212,9 @@ class ContentPricer:
         key = "data" if kind == "input_audio" else "url"
         value = _str(obj.get(key), f"{where}.{kind}.{key}")
         try:
-            tokens, remote = price_audio(value, self.profile, self.policy)
+            tokens, remote = price_audio(value, self.profile, self.policy, self.urls)
+        except MediaUrlRefused as e:
+            raise _refused(f"{where}.{kind}.{key}", e) from None
         except (MediaError, HeaderError) as e:
             raise _bad(where, f"invalid audio: {e}", ErrorCode.INVALID_AUDIO) from None
         cost.audio_tokens += tokens + self.profile.marker_tokens

@@ -1,7 +1,8 @@
 """The estimate stage's one entry point: price a parsed request, pick its bucket, learn from usage.
 
     est = Estimator(policy.estimation, policy.buckets)
-    cost, bucket = est.estimate(body, endpoint="chat", tenant="acme")   # may raise ApiError(400)
+    cost, bucket = est.estimate(body, endpoint="chat", tenant="acme", urls=pool_policy.media_urls)
+    # may raise ApiError(400): bad content, a media URL the pool may not fetch, an oversize prompt
     ...
     est.observe("acme", bucket, usage.completion_tokens)
 
@@ -20,9 +21,11 @@ from gateway.estimate.content import ContentPricer, TextCounter
 from gateway.estimate.output import OutputEstimator
 from gateway.estimate.settings import BucketPolicy, EstimationPolicy, ModelProfile
 from gateway.estimate.text import TokenizerCounter, estimate_text_tokens
+from gateway.estimate.urlpolicy import MediaUrlPolicy
 from gateway.ticket import Cost
 
 _FALLBACK_PROFILE = ModelProfile()
+_NO_REMOTE_MEDIA = MediaUrlPolicy()
 _MAX_CACHED_MODELS = 1024
 
 
@@ -90,15 +93,22 @@ class Estimator:
         return found
 
     def estimate(
-        self, body: dict[str, Any], *, endpoint: Literal["chat", "completions"], tenant: str
+        self,
+        body: dict[str, Any],
+        *,
+        endpoint: Literal["chat", "completions"],
+        tenant: str,
+        urls: MediaUrlPolicy = _NO_REMOTE_MEDIA,
     ) -> tuple[Cost, str]:
-        """Price the request and classify it; raises ApiError(400) for bad content or an oversize prompt."""
+        """Price the request and classify it; raises ApiError(400) for bad content, a media URL the pool's
+        policy `urls` does not allow (default: no remote media), or an oversize prompt."""
         profile = self.profile(body["model"])
-        pricer = ContentPricer(profile, self.policy, self._count_text)
+        pricer = ContentPricer(profile, self.policy, self._count_text, urls)
         if endpoint == "chat":
             cost = pricer.chat(body["messages"], body.get("tools"))
         else:
             cost = pricer.completion(body.get("prompt", ""))
+        pricer.media_lists(body)
         self._check_context(cost, profile)
         bucket = classify(cost, self.buckets)
         n = _choices(body)

@@ -84,7 +84,10 @@ class Admit:
         if deadline_ms is not None:
             ticket.deadline = ticket.arrival + min(max(0, deadline_ms), MAX_DEADLINE_MS) / 1000
         ticket.cost, ticket.bucket = self.estimator().estimate(
-            parsed.body, endpoint=parsed.endpoint, tenant=tenant.id
+            parsed.body,
+            endpoint=parsed.endpoint,
+            tenant=tenant.id,
+            urls=policy.pool(pool.name).media_urls,
         )
         record.record_priced(ticket)
         if not pool.ready():

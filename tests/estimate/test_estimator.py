@@ -10,10 +10,12 @@ from gateway.errors import ApiError
 from gateway.estimate.estimator import Estimator
 from gateway.estimate.settings import BucketPolicy, EstimationPolicy, ModelProfile
 from gateway.estimate.text import estimate_text_tokens
+from gateway.estimate.urlpolicy import MediaUrlPolicy
 from tests.estimate.helpers import b64, chat, data_uri, image_bytes, image_part, wav_bytes
 
 QWEN = ModelProfile(match="qwen*", context_length=32768, default_max_tokens=2048)
 LLAVA = ModelProfile(match="llava-1.5*", vision="llava_1_5", audio="none", context_length=4096)
+REMOTE_OK = MediaUrlPolicy(allow_public_hosts=True)  # a pool whose engines may fetch public URLs
 
 
 def make(**policy: Any) -> Estimator:
@@ -50,7 +52,7 @@ def test_remote_images_use_hints_and_are_counted() -> None:
     body = chat(
         image_part("https://example.invalid/a.jpg"), image_part("http://x.invalid/b.png", detail="low")
     )
-    cost, bucket = make().estimate(body, endpoint="chat", tenant="t")
+    cost, bucket = make().estimate(body, endpoint="chat", tenant="t", urls=REMOTE_OK)
     # 1024×1024 → 1225 tokens; low detail 512×512 → round(18.29)=18 → 18·18 = 324; + 2 markers each
     assert cost.vision_tokens == 1225 + 2 + 324 + 2
     assert (cost.remote_media, bucket) == (2, "multi_image")
@@ -64,7 +66,7 @@ def test_audio_and_video_parts() -> None:
     }
     cost, bucket = make().estimate(chat(audio), endpoint="chat", tenant="t")
     assert (cost.audio_tokens, cost.audios, bucket) == (62 + 2, 1, "audio")
-    cost, bucket = make().estimate(chat(audio, video), endpoint="chat", tenant="t")
+    cost, bucket = make().estimate(chat(audio, video), endpoint="chat", tenant="t", urls=REMOTE_OK)
     assert (cost.vision_tokens, cost.remote_media, bucket) == (2990 + 2, 1, "video")
     url_audio = {"type": "audio_url", "audio_url": {"url": "data:audio/wav;base64," + b64(wav_bytes(1.0))}}
     assert make().estimate(chat(url_audio), endpoint="chat", tenant="t")[0].audio_tokens == 25 + 2
@@ -119,7 +121,7 @@ def test_audio_to_a_model_without_an_audio_encoder() -> None:
 
 def test_too_many_media_items() -> None:
     est = make(max_images_per_request=2, max_audios_per_request=0)
-    img = image_part("https://example.invalid/a.jpg")
+    img = image_part(data_uri(image_bytes("PNG", 8, 8)))
     err = rejected(est, chat(img, img, img))
     assert (err.code, err.param) == ("too_many_images", "messages[0].content[2]")
     audio = {"type": "input_audio", "input_audio": {"data": b64(wav_bytes(0.1)), "format": "wav"}}

@@ -47,6 +47,7 @@ def gateway_app(
         "queue": {"classes": {traffic_class: {"pool": pool}}},
         "tenant_defaults": {"default_class": traffic_class},
         "alerts": policy_alerts,
+        "pool_defaults": {"media_urls": {"allow": ["example.invalid"]}},  # forwarded, for the sim to refuse
     }
     policy_path = tmp_path / f"{pool}-policy.yaml"
     policy_path.write_text(yaml.safe_dump(policy), encoding="utf-8")

@@ -182,12 +182,12 @@ async def test_metric_names_and_label_sets_are_stable_after_a_scripted_run(
         }
         return sample_value(metrics, "omnigate_requests_total", **labels, outcome=outcome)
 
-    assert requests("text", "5", "ok") == 4
-    assert requests("single_image", "5", "ok") == 2
-    assert requests("single_image", "5", "rejected") == 1  # the backend's 400 for the remote image
-    assert requests("text", "5", "upstream_error") == 1
-    assert requests("text", "5", "rejected") == 1  # quota, after pricing
-    assert requests("text", "0", "rejected") == 1  # bad header, before a priority was assigned
+    assert requests("text", "normal", "ok") == 4
+    assert requests("single_image", "normal", "ok") == 2
+    assert requests("single_image", "normal", "rejected") == 1  # the backend's 400 for the remote image
+    assert requests("text", "normal", "upstream_error") == 1
+    assert requests("text", "normal", "rejected") == 1  # quota, after pricing
+    assert requests("text", "", "rejected") == 1  # bad header, before a priority was assigned
     assert sample_value(metrics, "omnigate_rejections_total", reason="quota", traffic_class=cls) == 1
     assert sample_value(metrics, "omnigate_rejections_total", reason="bad_input", traffic_class=cls) == 2
     assert sample_value(metrics, "omnigate_upstream_retries_total", pool=pool) == 1
