@@ -182,7 +182,7 @@ def test_inline_media_is_unaffected() -> None:
             {"type": "input_audio", "input_audio": {"data": wav}},
             {
                 "type": "audio_url",
-                "audio_url": {"url": "data:audio/wav;base64," + base64.b64encode(wav).decode()},
+                "audio_url": {"url": "data:audio/wav;base64," + wav},
             },
         )
         cost, bucket = EST.estimate(body, endpoint="chat", tenant="t", urls=urls)
