@@ -106,7 +106,15 @@ def _routes(gw: Gateway) -> list[BaseRoute]:
         Route("/admin/policy/reload", policy_reload, methods=["POST"]),
         Route("/admin/policy", policy_get, methods=["GET"]),
         Route("/admin/state", state, methods=["GET"]),
-        Mount("/admin", routes=admin_routes(gw.tenants, gw.admin_token, extra_openapi_paths=_ADMIN_OPENAPI)),
+        Mount(
+            "/admin",
+            routes=admin_routes(
+                gw.tenants,
+                gw.admin_token,
+                extra_openapi_paths=_ADMIN_OPENAPI,
+                openapi_public=gw.config.admin.openapi_public,
+            ),
+        ),
     ]
 
 

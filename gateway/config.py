@@ -49,6 +49,9 @@ class PoolConfig(Frozen):
 class AdminConfig(Frozen):
     token: str | None = None
     token_env: str = "OMNIGATE_ADMIN_TOKEN"
+    openapi_public: bool = Field(
+        False, description="Serve /admin/openapi.json without the admin token (it maps the admin API)."
+    )
 
     def resolve_token(self) -> str | None:
         return self.token or os.environ.get(self.token_env) or None

@@ -68,8 +68,6 @@ class PolicyError(ValueError):
 
 
 def parse_policy(data: Any, source: str = "<policy>") -> Policy:
-    if data is None:
-        data = {}
     if not isinstance(data, dict):
         raise PolicyError(f"{source}: top level must be a mapping, got {type(data).__name__}")
     try:
@@ -79,10 +77,21 @@ def parse_policy(data: Any, source: str = "<policy>") -> Policy:
 
 
 def load_policy_text(text: str, source: str = "<policy>") -> Policy:
+    """A whole policy document, or PolicyError. Every key left out takes its default, so a document cut
+    short would silently reset what it lost: an empty document, one that does not name `version`, or one
+    that ends mid-line (no final newline: a save in progress or cut off) is refused, never applied."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise PolicyError(f"{source}: invalid YAML: {e}") from None
+    if data is None:
+        raise PolicyError(f"{source}: empty policy document (would reset every setting to its default)")
+    if not text.endswith("\n"):
+        raise PolicyError(
+            f"{source}: the document ends mid-line (no final newline): cut short or being written"
+        )
+    if isinstance(data, dict) and "version" not in data:
+        raise PolicyError(f"{source}: no `version` key: not a whole policy document (cut short?)")
     return parse_policy(data, source)
 
 

@@ -1,6 +1,7 @@
 """Policy hot reload: validate fully, then swap one reference. Triggers: file change, SIGHUP, admin API.
 
 Requests read the policy once at arrival and keep that object, so a swap never changes a request in flight.
+A document that is empty, cut short or invalid is refused whole (gateway/policy.py: load_policy_text).
 """
 
 from __future__ import annotations
@@ -14,9 +15,29 @@ import anyio
 from watchfiles import awatch
 
 from gateway.observability import metrics
-from gateway.policy import Policy, PolicyError, diff_policies, load_policy
+from gateway.policy import Policy, PolicyError, diff_policies, load_policy, load_policy_text
 
 log = logging.getLogger("omnigate.policy")
+
+SETTLE_S = 0.25  # a changed file is read only once it has held still this long: a save in progress never is
+
+
+def _content(path: Path) -> bytes | None:
+    """The file's bytes (through any symlink, as a ConfigMap mounts it); None while it cannot be read."""
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+async def _settled(path: Path, content: bytes | None) -> bytes | None:
+    """The file's content once two reads SETTLE_S apart agree."""
+    while True:
+        await anyio.sleep(SETTLE_S)
+        again = _content(path)
+        if again == content:
+            return content
+        content = again
 
 
 @dataclass(slots=True)
@@ -46,12 +67,17 @@ class PolicyHolder:
     def __call__(self) -> Policy:
         return self.current
 
-    async def reload(self) -> ReloadResult:
+    async def reload(self, content: bytes | None = None) -> ReloadResult:
+        """Load the file (or `content`, the file's bytes the watcher already read), validate every stage's
+        part of it, then swap; an invalid document changes nothing."""
         async with self._lock:
             if self.path is None:
                 return ReloadResult("unchanged", [])
             try:
-                new = load_policy(self.path)
+                if content is None:
+                    new = load_policy(self.path)
+                else:
+                    new = load_policy_text(content.decode("utf-8", errors="replace"), str(self.path))
                 commits = [prepare(new) for prepare in self._preparers]
             except (PolicyError, ValueError) as e:
                 self.last_error = str(e)
@@ -71,16 +97,29 @@ class PolicyHolder:
             return ReloadResult("applied", changes)
 
     async def watch_file(self) -> None:
-        """Reload on any change in the policy's folder.
+        """Reload when the policy file's content changes, once it has settled.
 
-        Watching the folder, not the file, catches editors' atomic renames and Kubernetes ConfigMap symlink
-        swaps; an unrelated change costs one parse and ends as `unchanged`.
+        The folder is watched, not the file, to catch editors' atomic renames and Kubernetes ConfigMap
+        symlink swaps; any event there costs one read of the file, and only new content leads further.
+        New content is read again every SETTLE_S until two reads agree, so a burst of writes (a
+        non-atomic save, a truncate then a write) is one reload of what the writer ended with.
         """
         if self.path is None:
             return
+        seen = _content(self.path)
         # rust_timeout bounds how long the watcher thread blocks, so shutdown is not held up for seconds
         async for _changes in awatch(self.path.parent, debounce=200, step=50, rust_timeout=500):
-            await self.reload()
+            content = _content(self.path)
+            if content == seen:
+                continue  # another file in the folder, or a write that changed nothing
+            settled = await _settled(self.path, content)
+            if settled == seen:
+                continue
+            seen = settled
+            if settled is None:
+                log.error("policy file %s is gone; keeping the running policy", self.path)
+                continue
+            await self.reload(settled)
 
     async def watch_sighup(self) -> None:
         """Reload on SIGHUP; only the main thread may own signal handlers (tests run apps in threads)."""

@@ -36,10 +36,14 @@ def _admin(token: str | None, handler: Endpoint) -> Endpoint:
 
 
 def admin_routes(
-    service: TenantService, admin_token: str | None, extra_openapi_paths: dict[str, Any] | None = None
+    service: TenantService,
+    admin_token: str | None,
+    extra_openapi_paths: dict[str, Any] | None = None,
+    openapi_public: bool = False,
 ) -> list[BaseRoute]:
     """Routes relative to the /admin mount. `extra_openapi_paths` adds the gateway's own admin routes
-    (e.g. /policy/reload, /state) to /admin/openapi.json, keyed like the paths here."""
+    (e.g. /policy/reload, /state) to /admin/openapi.json, keyed like the paths here; that document maps
+    the admin surface, so it takes the admin token too unless `openapi_public`."""
 
     def tenant_json(spec: TenantSpec) -> dict[str, Any]:
         return {**spec.model_dump(mode="json"), "effective": service.resolve(spec).model_dump(mode="json")}
@@ -107,7 +111,7 @@ def admin_routes(
         route("/tenants/{tenant_id}/keys", create_key, "POST"),
         route("/tenants/{tenant_id}/keys/{key_id}", revoke_key, "DELETE"),
         route("/tenants/{tenant_id}/usage", usage, "GET"),
-        Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/openapi.json", openapi if openapi_public else _admin(admin_token, openapi), methods=["GET"]),
     ]
 
 

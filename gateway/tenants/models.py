@@ -20,7 +20,13 @@ from gateway.schema import Frozen
 OverQuota = Literal["reject", "wait"]
 TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 KEY_PREFIX = "og-"
-KEY_DISPLAY_CHARS = 10
+KEY_DISPLAY_CHARS = 7  # "og-" and 4 random characters: 24 of a generated key's 256 bits
+
+
+def display_prefix(key: str) -> str:
+    """What listings and logs show of a key: at most a quarter of it, never over KEY_DISPLAY_CHARS, so a
+    short key declared in the config ("sk-demo-alice") shows "sk-" rather than half of itself."""
+    return key[: min(KEY_DISPLAY_CHARS, len(key) // 4)]
 
 
 class Quotas(Frozen):
@@ -186,8 +192,9 @@ class KeyRecord(BaseModel):
         return self.revoked_at is not None
 
     def public(self) -> dict[str, object]:
-        """What admin listings show: everything but the hash."""
-        return self.model_dump(exclude={"key_hash"})
+        """What admin listings show: everything but the hash (a prefix stored longer, before keys showed
+        less, is cut to today's length)."""
+        return {**self.model_dump(exclude={"key_hash"}), "prefix": self.prefix[:KEY_DISPLAY_CHARS]}
 
 
 def hash_key(plaintext: str) -> str:
@@ -202,7 +209,7 @@ def new_key(tenant_id: str, name: str, now: float, plaintext: str | None = None)
         id="key_" + secrets.token_hex(6),
         tenant_id=tenant_id,
         key_hash=hash_key(key),
-        prefix=key[:KEY_DISPLAY_CHARS],
+        prefix=display_prefix(key),
         name=name,
         created_at=now,
     )

@@ -82,14 +82,14 @@ def test_serve_with_bad_config_exits_2_with_one_message(tmp_path):
 
 def test_policy_check_reports_errors_and_diffs(tmp_path, capsys):
     good = tmp_path / "p.yaml"
-    good.write_text("pool_defaults: {retries: 0}\nbudgets: {kv_watermark: 0.8}\n")
+    good.write_text("version: 1\npool_defaults: {retries: 0}\nbudgets: {kv_watermark: 0.8}\n")
     assert main(["policy", "check", str(good)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"OK {good} is valid."
     assert "  ~ budgets.kv_watermark: 0.85 -> 0.8" in out
     assert "  ~ pool_defaults.retries: 1 -> 0" in out
     bad = tmp_path / "bad.yaml"
-    bad.write_text("budgets: {kv_watermark: 1.5}\n")
+    bad.write_text("version: 1\nbudgets: {kv_watermark: 1.5}\n")
     assert main(["policy", "check", str(bad)]) == 1
     assert capsys.readouterr().out.startswith(
         f"INVALID {bad}: budgets.kv_watermark: Input should be less than"

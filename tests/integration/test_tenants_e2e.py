@@ -32,7 +32,7 @@ from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
-KEY_DISPLAY_CHARS = 10  # the part of a key admin listings show (gateway/tenants/models.py)
+KEY_DISPLAY_CHARS = 7  # the part of a key admin listings show (gateway/tenants/models.py)
 
 
 @dataclass

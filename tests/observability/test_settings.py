@@ -9,7 +9,7 @@ from gateway.policy import PolicyError, load_policy_text
 
 def test_thresholds_live_in_the_policy_under_alerts() -> None:
     policy = load_policy_text(
-        "alerts:\n  queue_depth: 40\n  for_overrides: {kv_usage: 30}\n"
+        "version: 1\nalerts:\n  queue_depth: 40\n  for_overrides: {kv_usage: 30}\n"
         "  queue_depth_per_pool: {offline: 9000}\n"
     )
     t = policy.alerts
@@ -19,9 +19,9 @@ def test_thresholds_live_in_the_policy_under_alerts() -> None:
 
 def test_bad_thresholds_are_refused_with_the_field_named() -> None:
     with pytest.raises(PolicyError, match=r"alerts\.kv_usage: Input should be less than or equal to 1"):
-        load_policy_text("alerts: {kv_usage: 85}")
+        load_policy_text("version: 1\nalerts: {kv_usage: 85}\n")
     with pytest.raises(PolicyError, match=r"alerts\.for_overrides\.queue_lenght"):
-        load_policy_text("alerts: {for_overrides: {queue_lenght: 5}}")
+        load_policy_text("version: 1\nalerts: {for_overrides: {queue_lenght: 5}}\n")
 
 
 def test_alerts_config_from_the_gateway_config_mapping() -> None:
