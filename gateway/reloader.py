@@ -19,7 +19,7 @@ from gateway.policy import Policy, PolicyError, diff_policies, load_policy, load
 
 log = logging.getLogger("omnigate.policy")
 
-SETTLE_S = 0.25  # a changed file is read only once it has held still this long: a save in progress never is
+SETTLE_S = 0.5  # a changed file is read only once it has held still this long: a save in progress never is
 
 
 def _content(path: Path) -> bytes | None:
