@@ -1,47 +1,26 @@
 """Real processes for the threat-model tests: `omnigate serve` in front of simulated SGLang backends.
 
-A module shares one simulator; each test starts the gateways it attacks through `procs` (stopped at
-teardown whatever happened). `Deployment` writes a gateway config and policy file of its own, so a test can
-edit the policy file the gateway watches.
+A module shares one simulator (`sim`); each test starts the gateways it attacks through `procs` (stopped
+at teardown whatever happened) — the integration tests' fixtures. `Deployment` writes a gateway config
+and policy file of its own, so a test can edit the policy file the gateway watches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration.conftest import MODEL, procs, sim  # noqa: F401 (procs, sim: fixtures used here too)
 from tests.support.processes import ManagedProcess, Processes
 
 ADMIN_TOKEN = "security-admin-token-3f9d"
-MODEL = "test-model"
 TENANT_KEY = "og-security-tenant-key-0123456789abcdefghijklmnop"
 SHORT_KEY = "sk-demo-alice"  # a short key declared in the config, as the demo's
 POLICY = "version: 1\npool_defaults:\n  timeouts: {idle: 45.0}\n"
-
-
-@pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
-    """One simulated SGLang backend for the module, 50x faster than a real GPU."""
-    group = Processes(tmp_path_factory.mktemp("sim"))
-    try:
-        yield group.sim("--time-scale", "50", "--model", MODEL, "--seed", "1")
-    finally:
-        group.close()
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    group = Processes(tmp_path)
-    try:
-        yield group
-    finally:
-        group.close()
 
 
 class Deployment:
@@ -73,8 +52,8 @@ class Deployment:
             doc[key] = {**doc[key], **value} if isinstance(value, dict) and key in doc else value
         self.config.write_text(yaml.safe_dump(doc))
 
-    def start(self, procs: Processes) -> ManagedProcess:
-        return procs.gateway(self.config)
+    def start(self, group: Processes) -> ManagedProcess:
+        return group.gateway(self.config)
 
 
 def auth(key: str) -> dict[str, str]:
