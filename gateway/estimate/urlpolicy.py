@@ -38,7 +38,7 @@ from gateway.schema import Frozen
 
 PATH_MAX = 4096  # Linux: open() refuses longer paths (ENAMETOOLONG)
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):")
-_BASE64_ONLY = re.compile(r"[A-Za-z0-9+=\s]*")  # without '/': a value with no '/' names no directory
+_BASE64_ONLY = re.compile(r"[A-Za-z0-9+= \t\r\n]*")  # without '/': a value with no '/' names no directory
 _NAME = re.compile(r"[a-z0-9_\-]+(\.[a-z0-9_\-]+)*")
 _UNSAFE = re.compile(r"[\s\\\x00-\x1f\x7f]")
 _DOT_SEGMENT = re.compile(r"(^|[/\\])\.{1,2}([/\\]|$)")  # on the decoded path: servers decode it
