@@ -119,7 +119,7 @@ class House:
         port = free_port()
         argv = [sys.executable, "-m", "loadtest.sim", "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--time-scale", repr(self.k), "--max-running-requests", "64"]
-        argv += ["--schedule-policy", "priority", *self.engine_args]
+        argv += ["--enable-priority-scheduling", *self.engine_args]
         self.procs.start(name, [*argv, "--seed", str(seed)])
         wait_http(port, "/health", 60, self.procs, name)
         return f"http://127.0.0.1:{port}"

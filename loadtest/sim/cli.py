@@ -8,6 +8,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from loadtest.sim.config import SimConfig
+from loadtest.sim.engine import MODELLED_POLICIES, SCHEDULE_POLICY_CHOICES
 from loadtest.sim.faults import add_fault_flags, faults_from_args
 from loadtest.sim.omni import cli as omni_cli
 from loadtest.sim.server import create_app
@@ -28,7 +29,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-total-tokens", type=int)
     p.add_argument("--max-prefill-tokens", type=int)
     p.add_argument("--chunked-prefill-size", type=int)
-    p.add_argument("--schedule-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--mem-fraction-static", type=float, help="default: SGLang's rule for the profile's GPU")
+    p.add_argument(
+        "--schedule-policy",
+        choices=SCHEDULE_POLICY_CHOICES,
+        default="fcfs",
+        help=f"SGLang's choices; modelled: {', '.join(MODELLED_POLICIES)}",
+    )
+    p.add_argument("--enable-priority-scheduling", action="store_true", help="larger `priority` first")
+    p.add_argument("--schedule-low-priority-values-first", action="store_true")
+    p.add_argument("--priority-scheduling-preemption-threshold", type=int, default=10)
     p.add_argument("--schedule-conservativeness", type=float, default=1.0)
     p.add_argument("--max-queued-requests", type=int)
     p.add_argument("--time-scale", type=float, default=1.0, help="virtual clock runs this many times faster")
@@ -48,7 +58,11 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_total_tokens=args.max_total_tokens,
         max_prefill_tokens=args.max_prefill_tokens,
         chunked_prefill_size=args.chunked_prefill_size,
+        mem_fraction_static=args.mem_fraction_static,
         schedule_policy=args.schedule_policy,
+        enable_priority_scheduling=args.enable_priority_scheduling,
+        schedule_low_priority_values_first=args.schedule_low_priority_values_first,
+        priority_scheduling_preemption_threshold=args.priority_scheduling_preemption_threshold,
         schedule_conservativeness=args.schedule_conservativeness,
         max_queued_requests=args.max_queued_requests,
         time_scale=args.time_scale,

@@ -45,7 +45,7 @@ class Call:
     ignore_eos: bool
     stream: bool
     include_usage: bool
-    priority: int
+    priority: int | None
     rid: str | None = None
 
 

@@ -44,8 +44,15 @@ QUEUE_BUCKETS = (
 )  # fmt: skip
 
 
+MEMORY_PEAK = "sim:memory_peak_bytes"
+
+
 class SimMetrics:
-    def __init__(self, model_name: str) -> None:
+    """`memory_window_s`: the virtual span the memory-peak gauge looks back over (one wall second at the
+    app's time scale, so a scraper polling twice a second sees every step's peak)."""
+
+    def __init__(self, model_name: str, memory_window_s: float = 1.0) -> None:
+        self.memory_window_s = memory_window_s
         self.registry = CollectorRegistry()
         sched = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
         self._sched = sched
@@ -65,6 +72,13 @@ class SimMetrics:
         self.gen_throughput = g("gen_throughput", "The generation throughput (token/s).")
         self.cache_hit_rate = g("cache_hit_rate", "The prefix cache hit rate.")
         self.num_retracted_reqs = g("num_retracted_reqs", "The number of retracted requests.")
+        self.memory_peak = Gauge(
+            MEMORY_PEAK,
+            "Simulator only (SGLang exports no such gauge): peak GPU memory in use over the last wall "
+            "second: context, weights, CUDA graphs, KV cells holding tokens, the step's activations.",
+            s,
+            registry=r,
+        )
         self.retracted_total = Counter(
             "sglang:num_retracted_requests", "Total number of retracted requests.", s, registry=r
         )
@@ -118,8 +132,13 @@ class SimMetrics:
         self.prompt_tokens.labels(**tok).inc(result.prefill_tokens)
         if result.retracted:
             self.retracted_total.labels(**self._sched).inc(len(result.retracted))
-        for req in (*result.finished, *result.failed):
+        for req in result.finished:
             self.on_finished(req)
+        for req in result.failed:
+            if req.finish_reason == "abort":  # dropped from a full queue, not failed by the engine
+                self.on_aborted(req)
+            else:
+                self.on_finished(req)
 
     def on_finished(self, req: SimRequest) -> None:
         self.requests.labels(**self._tok).inc()
@@ -141,4 +160,5 @@ class SimMetrics:
         self.gen_throughput.labels(**s).set(round(engine.gen_throughput(), 2))
         self.cache_hit_rate.labels(**s).set(0.0)
         self.num_retracted_reqs.labels(**s).set(engine.num_retracted_waiting())
+        self.memory_peak.labels(**s).set(engine.memory_peak(self.memory_window_s))
         return generate_latest(self.registry)

@@ -88,11 +88,50 @@ class TextModel(_Strict):
     tokens_per_prompt: int = Field(default=3, ge=0)
 
 
-class EngineDefaults(_Strict):
-    max_total_tokens: int = Field(gt=0)
+class ModelShape(_Strict):
+    """What fixes the memory: the KV cell per token and the weights resident on the GPU."""
+
+    layers: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    dtype_bytes: int = Field(default=2, gt=0)
+    params_b: dict[str, float] = Field(min_length=1, description="Resident parameters, billions, by part.")
+
+
+class Activations(_Strict):
+    """Bytes a forward pass allocates outside the KV pool (see memory.py for how they combine)."""
+
+    prefill_token_bytes: int = Field(gt=0)
+    encoder_token_bytes: int = Field(ge=0)
+    embedding_token_bytes: int = Field(ge=0)
+    logits_bytes_per_seq: int = Field(ge=0)
+
+
+class MemorySpec(_Strict):
+    gpu_memory_gib: float = Field(gt=0)
+    cuda_context_gib: float = Field(ge=0)
+    mem_fraction_static: float | None = Field(default=None, gt=0, lt=1)
+    cuda_graph_max_bs: int = Field(default=256, ge=0)
+    cuda_graph_bytes_per_bs: int = Field(default=2 << 20, ge=0)
+    activations: Activations
+
+
+class _EngineFlags(_Strict):
     max_running_requests: int = Field(gt=0)
     max_prefill_tokens: int = Field(default=16384, gt=0)
     chunked_prefill_size: int = 8192
+
+
+class EngineDefaults(_EngineFlags):
+    """An engine whose KV pool is given in tokens (the SGLang-Omni stages)."""
+
+    max_total_tokens: int = Field(gt=0)
+
+
+class SGLangEngineDefaults(_EngineFlags):
+    """SGLang's engine: the KV pool is derived from the profile's memory unless given."""
+
+    max_total_tokens: int | None = Field(default=None, gt=0)
 
 
 class Profile(_Strict):
@@ -104,11 +143,13 @@ class Profile(_Strict):
     architectures: list[str] = Field(default_factory=list)
     context_length: int = Field(gt=0)
     costs: CostModel
+    model: ModelShape
+    memory: MemorySpec
     output: OutputModel
     vision: VisionModel = VisionModel()
     audio: AudioModel = AudioModel()
     text: TextModel = TextModel()
-    engine: EngineDefaults
+    engine: SGLangEngineDefaults
 
 
 def load_profile(name_or_path: str | Path) -> Profile:

@@ -26,11 +26,17 @@ from loadtest.media import MediaCache
 from loadtest.metrics import error_bursts, summarize
 from loadtest.records import RequestRecord
 from loadtest.scrape import histogram_ms
+from loadtest.sim.config import SimConfig
 from loadtest.sim.engine import Engine, EngineConfig, EngineError, SimRequest
+from loadtest.sim.memory import MemoryModel
 from loadtest.sim.metrics import QUEUE_BUCKETS, TTFT_BUCKETS
 from loadtest.sim.profile import Profile
 from loadtest.sim.tokens import PromptCounter
+from loadtest.sweep import analyse
 from loadtest.workload import RequestFactory, Workload
+
+PARAM = "max-running-requests"
+HEADROOM = 0.1  # the recommendation's SLO margin: P99 ≤ 0.9 × SLO
 
 
 @dataclass(slots=True)
@@ -44,9 +50,11 @@ class Arrival:
 @dataclass(slots=True)
 class Gauges:
     kv_peak: float = 0.0
+    memory_peak: int = 0  # bytes in use (memory.py), 0 without a memory model
     running_peak: int = 0
     queued_peak: int = 0
     retracted: int = 0
+    preempted: int = 0
     crashes: int = 0
     queue_s: list[float] = field(default_factory=list)  # engine-side, observed in the measured window
     ttft_s: list[float] = field(default_factory=list)
@@ -78,22 +86,29 @@ def arrivals(w: Workload, profile: Profile, media: MediaCache | None = None) -> 
         else:
             natural = round(out_rng.lognormvariate(math.log(o.median_tokens), o.sigma))
             out_len = min(max_new, max(o.min_tokens, natural))
+        priority = prepared.body.get("priority")
         req = SimRequest(
-            f"r{i}", prompt.total, max_new, out_len,
-            encoder_tokens=prompt.encoder_tokens, arrival=t,
+            f"r{i}", prompt.total, max_new, out_len, encoder_tokens=prompt.encoder_tokens,
+            priority=priority if isinstance(priority, int) else None, arrival=t,
         )  # fmt: skip
         out.append(Arrival(t, phase, req, prepared.bucket))
     return out
 
 
 def run(
-    engine: Engine, sends: list[Arrival], end: float, max_in_flight: int | None = None
+    engine: Engine,
+    sends: list[Arrival],
+    end: float,
+    max_in_flight: int | None = None,
+    load_end: float | None = None,
 ) -> tuple[list[RequestRecord], Gauges]:
     """Feed the sends, step until `end` (the harness's drain deadline); measured records and gauges.
 
     With `max_in_flight` the client holds arrivals in FIFO order while that many are at the engine and
-    releases one whenever one finishes (the harness's outer in-flight cap, RunOptions.max_in_flight).
+    releases one whenever one finishes (the harness's outer in-flight cap, RunOptions.max_in_flight),
+    until `load_end` (the measured window's end): what it still holds then is shed, as the runner does.
     """
+    stop = end if load_end is None else load_end
     g = Gauges()
     rejected: set[str] = set()
     released: dict[str, float] = {}
@@ -107,14 +122,17 @@ def run(
         while nxt < len(sends) and sends[nxt].t <= engine.now:
             held.append(sends[nxt])
             nxt += 1
-        while held and slot_free:
+        while held and slot_free and engine.now < stop:
             a = held.popleft()
             a.req.arrival = max(a.t, slot_free.popleft())
             released[a.req.rid] = a.req.arrival
             try:
-                engine.submit(a.req)
+                evicted = engine.submit(a.req)
             except EngineError:
                 rejected.add(a.req.rid)
+                slot_free.append(a.req.arrival)
+                continue
+            if evicted is not None:
                 slot_free.append(a.req.arrival)
         res = engine.step()
         if res is None:
@@ -132,23 +150,26 @@ def run(
                 if r.admitted_at is not None:
                     g.queue_s.append(r.admitted_at - r.arrival)
         if res.start >= measured_start:
-            g.kv_peak = max(g.kv_peak, engine.used_tokens / total)
+            g.kv_peak = max(g.kv_peak, res.kv_tokens / total)
+            g.memory_peak = max(g.memory_peak, engine.memory_in_use)
+            g.preempted += len(res.preempted)
             g.running_peak = max(g.running_peak, engine.num_running)
             g.queued_peak = max(g.queued_peak, len(engine.waiting))
             g.retracted += len(res.retracted)
             g.crashes += res.kind == "crash"
     records = [
-        _record(a, a.req.rid in rejected, released.get(a.req.rid), end)
+        _record(a, a.req.rid in rejected, released.get(a.req.rid), end, min(stop, end))
         for a in sends
         if a.phase == "measured"
     ]
     return records, g
 
 
-def _record(a: Arrival, rejected: bool, sent: float | None, end: float) -> RequestRecord:
+def _record(a: Arrival, rejected: bool, sent: float | None, end: float, shed_at: float) -> RequestRecord:
     r = a.req
-    if sent is None:  # still held by the outer cap when the drain window closed
-        rec = RequestRecord(bucket=a.bucket, scheduled=a.t, sent=end, outer_wait=end - a.t, e2e=0.0)
+    if sent is None:  # still held by the outer cap when it stopped releasing
+        shed_at = max(shed_at, a.t)
+        rec = RequestRecord(bucket=a.bucket, scheduled=a.t, sent=shed_at, outer_wait=shed_at - a.t, e2e=0.0)
         rec.status, rec.error = 408, "outer_queue_timeout"
         return rec
     rec = RequestRecord(bucket=a.bucket, scheduled=a.t, sent=sent, outer_wait=sent - a.t)
@@ -160,7 +181,7 @@ def _record(a: Arrival, rejected: bool, sent: float | None, end: float) -> Reque
     rec.chunk_times = [t - sent for t in r.token_times]
     rec.ttft = rec.chunk_times[0] if rec.chunk_times else None
     if r.error is not None:
-        rec.error = "InternalServerError"
+        rec.error = f"http_{r.error.status}"
         rec.e2e = (r.finished_at or end) - sent
     elif r.finished_at is None:
         rec.error = "unfinished"  # still running when the drain window closed
@@ -189,6 +210,7 @@ def point(
     config: EngineConfig,
     sends: list[Arrival],
     max_in_flight: int | None = None,
+    memory: MemoryModel | None = None,
 ) -> dict[str, Any]:
     """One sweep point as a run document with the fields validate-seed and the recommendation read.
 
@@ -196,14 +218,15 @@ def point(
     """
     for a in sends:  # fresh engine state on the shared request list
         r = a.req
-        r.generated = r.kv = r.retractions = 0
+        r.generated = r.kv = r.retractions = r.preemptions = 0
         r.admitted_at = r.finished_at = r.finish_reason = r.error = None
         r.token_times = []
         r.arrival = a.t
-    engine = Engine(config, profile.costs)
+    engine = Engine(config, profile.costs, memory=memory)
     drain = w.drain if w.drain is not None else w.timeout
+    load_end = w.warmup.duration + w.duration if w.count is None else None  # as the runner
     end = w.warmup.duration + w.duration + drain
-    records, g = run(engine, sends, end, max_in_flight)
+    records, g = run(engine, sends, end, max_in_flight, load_end)
     summary = summarize(records, w.slo)
     bursts = error_bursts(records)
     return {
@@ -211,6 +234,8 @@ def point(
         "summary": summary,
         "backend": {
             "kv_usage": {"peak": g.kv_peak},
+            "memory_bytes": {"peak": float(g.memory_peak)} if memory is not None else None,
+            "preempted": g.preempted,
             "running": {"peak": g.running_peak},
             "queued": {"peak": g.queued_peak},
             "retractions": g.retracted,
@@ -219,3 +244,21 @@ def point(
         },
         "oom": {"crashes": g.crashes, "error_bursts": bursts, "detected": g.crashes > 0 or bursts > 0},
     }
+
+
+def sweep(
+    w: Workload,
+    profile: Profile,
+    caps: list[str],
+    config: SimConfig,
+    sends: list[Arrival] | None = None,
+    open_loop: bool = False,
+) -> dict[str, Any]:
+    """validate-seed's sweep of --max-running-requests, replayed: one point per cap, each behind the
+    outer in-flight cap = the cap (`open_loop` drops it), analysed as the HTTP sweep is."""
+    sends = arrivals(w, profile) if sends is None else sends
+    points = []
+    for cap in caps:
+        engine_config, memory = config.model_copy(update={"max_running_requests": int(cap)}).build(profile)
+        points.append(point(w, profile, engine_config, sends, None if open_loop else int(cap), memory))
+    return analyse(PARAM, caps, points, w.slo.model_dump(), headroom=HEADROOM)

@@ -79,10 +79,13 @@ class EngineRunner:
             self.engine.advance_to(self.clock.now())
 
     def submit(self, req: SimRequest) -> Handle:
-        """Queue a request stamped with the current virtual time; raises EngineError when refused."""
+        """Queue a request stamped with the current virtual time; raises EngineError when refused.
+        A waiting request it evicts (priority scheduling, full queue) ends at once with its error."""
         self.sync_idle_clock()
         req.arrival = self.clock.now()
-        self.engine.submit(req)
+        evicted = self.engine.submit(req)
+        if evicted is not None:
+            self._ended(evicted)
         handle = self.handles[req.rid] = Handle(req)
         self._wake.set()
         return handle
@@ -96,6 +99,13 @@ class EngineRunner:
         if handle is not None:
             handle.changed.set()
         return True
+
+    def _ended(self, req: SimRequest) -> None:
+        """A request the engine ended outside a step (evicted from a full queue): count it, wake it."""
+        self.metrics.on_aborted(req)
+        handle = self.handles.get(req.rid)
+        if handle is not None:
+            handle.changed.set()
 
     def release(self, handle: Handle) -> None:
         self.handles.pop(handle.req.rid, None)

@@ -7,6 +7,7 @@ metrics registry, so tests and the demo can run several in one process.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,11 +23,14 @@ from loadtest.sim.config import SimConfig
 from loadtest.sim.engine import Engine
 from loadtest.sim.faults import FaultInjector
 from loadtest.sim.generation import Call, Generator, int_field
+from loadtest.sim.memory import GIB
 from loadtest.sim.metrics import SimMetrics
 from loadtest.sim.responses import error_response, json_response
 from loadtest.sim.runtime import EngineRunner, VirtualClock
 from loadtest.sim.tokens import PromptCount, PromptCounter, PromptError
 
+log = logging.getLogger("loadtest.sim")
+VERSION = "0.5.9"  # the SGLang release whose surface and scheduler this simulator follows
 PROMETHEUS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CONTENT_TYPE_ERROR = (
     "[{'loc': ['header', 'content-type'], 'msg': \"Unsupported Media Type: Only 'application/json' is "
@@ -41,8 +45,9 @@ class SimBackend:
         self.config = config
         self.profile = config.load_profile()
         self.model = config.model or self.profile.served_model_name
-        self.engine = Engine(config.engine_config(self.profile), self.profile.costs)
-        self.metrics = SimMetrics(self.model)
+        engine_config, self.memory = config.build(self.profile)
+        self.engine = Engine(engine_config, self.profile.costs, memory=self.memory)
+        self.metrics = SimMetrics(self.model, memory_window_s=config.time_scale)
         self.faults = FaultInjector(config.faults, seed=config.seed)
         self.counter = PromptCounter(self.profile)
         self.runner: EngineRunner | None = None
@@ -118,7 +123,7 @@ class SimBackend:
             ignore_eos=bool(body.get("ignore_eos", False)),
             stream=bool(body.get("stream", False)),
             include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
-            priority=int_field(body, "priority", minimum=-(1 << 31)) or 0,
+            priority=int_field(body, "priority", minimum=-(1 << 31)),
             rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
         )
 
@@ -152,7 +157,7 @@ class SimBackend:
             ignore_eos=bool(params.get("ignore_eos", False)),
             stream=bool(body.get("stream", False)),
             include_usage=False,
-            priority=int_field(body, "priority", minimum=-(1 << 31)) or 0,
+            priority=int_field(body, "priority", minimum=-(1 << 31)),
             rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
         )
 
@@ -169,7 +174,7 @@ class SimBackend:
     async def health_generate(self, request: Request) -> Response:
         if not self._healthy():
             return Response(status_code=503)
-        call = Call("generate", self.model, PromptCount(text=1), 1, True, False, False, 0)
+        call = Call("generate", self.model, PromptCount(text=1), 1, True, False, False, None)
         assert self.generator is not None
         result = await self.generator.handle(call, request)
         return Response(status_code=200 if result.status_code == 200 else 503)
@@ -193,40 +198,66 @@ class SimBackend:
             "max_model_len": self.profile.context_length,
         }
 
-    async def server_info(self, request: Request) -> Response:
-        cfg = self.engine.config
-        args = {
+    def _server_args(self) -> dict[str, Any]:
+        """The ServerArgs fields a client of SGLang 0.5.9 reads, as the simulated server runs them."""
+        cfg, c = self.engine.config, self.config
+        return {
             "model_path": self.profile.model_path,
             "served_model_name": self.model,
             "context_length": self.profile.context_length,
             "max_running_requests": cfg.max_running_requests,
-            "max_total_tokens": cfg.max_total_tokens,
+            "max_total_tokens": c.max_total_tokens,
             "max_prefill_tokens": cfg.max_prefill_tokens,
             "chunked_prefill_size": cfg.chunked_prefill_size,
+            "mem_fraction_static": self.memory.mem_fraction_static,
+            "cuda_graph_max_bs": self.profile.memory.cuda_graph_max_bs,
             "schedule_policy": cfg.schedule_policy,
-            "enable_priority_scheduling": cfg.schedule_policy == "priority",
+            "enable_priority_scheduling": cfg.enable_priority_scheduling,
+            "schedule_low_priority_values_first": cfg.schedule_low_priority_values_first,
+            "priority_scheduling_preemption_threshold": cfg.priority_scheduling_preemption_threshold,
             "schedule_conservativeness": cfg.schedule_conservativeness,
             "max_queued_requests": cfg.max_queued_requests,
             "enable_metrics": True,
             "tp_size": 1,
             "dp_size": 1,
             "sim_profile": self.profile.name,
-            "sim_time_scale": self.config.time_scale,
+            "sim_time_scale": c.time_scale,
             "sim_oom_mode": cfg.oom_mode,
         }
+
+    async def server_info(self, request: Request) -> Response:
+        """SGLang 0.5.9's /server_info: server args, the scheduler's init info, per-DP internal states."""
+        args = self._server_args()
+        m = self.memory
         internal = {
+            **args,
             "last_gen_throughput": round(self.engine.gen_throughput(), 2),
-            "memory_usage": {"token_capacity": cfg.max_total_tokens},
+            "memory_usage": {
+                "weight": round(m.weight_bytes / GIB, 2),
+                "kvcache": round(m.pool_tokens * m.kv_bytes_per_token / GIB, 2),
+                "token_capacity": m.pool_tokens,
+                "graph": round(m.graph_bytes / GIB, 2),
+            },
+            "effective_max_running_requests_per_dp": self.engine.config.max_running_requests,
         }
         return json_response(
             {
                 **args,
-                "max_total_num_tokens": cfg.max_total_tokens,
+                "status": "ready",
+                "max_total_num_tokens": m.pool_tokens,
                 "max_req_input_len": self.profile.context_length - 1,
                 "internal_states": [internal],
-                "version": "sim-0.1",
+                "version": VERSION,
             }
         )
+
+    async def get_server_info(self, request: Request) -> Response:
+        """Deprecated in SGLang 0.5.9: same answer, one warning per call."""
+        log.warning(
+            "Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
+            "Please use '/server_info' instead."
+        )
+        return await self.server_info(request)
 
     async def model_info(self, request: Request) -> Response:
         return json_response(
@@ -311,7 +342,7 @@ def create_app(config: SimConfig | None = None) -> Starlette:
         Route("/v1/models/{model:path}", sim.one_model, methods=["GET"]),
         Route("/health", sim.health, methods=["GET"]),
         Route("/health_generate", sim.health_generate, methods=["GET"]),
-        Route("/get_server_info", sim.server_info, methods=["GET"]),
+        Route("/get_server_info", sim.get_server_info, methods=["GET"]),
         Route("/server_info", sim.server_info, methods=["GET"]),
         Route("/get_model_info", sim.model_info, methods=["GET"]),
         Route("/model_info", sim.model_info, methods=["GET"]),

@@ -1,8 +1,9 @@
 """Sweep `--max-running-requests` on the engine model directly (no HTTP) with a real workload file.
 
-The fast loop for calibrating a profile: the requests and arrivals of `loadtest/workloads/seed.yaml`
-(or any workload) replayed into the engine (see replay.py), then the very table, recommendation and
-shape checks `omnigate loadtest validate-seed` prints. Seconds per sweep instead of minutes.
+The fast loop for a profile or a workload: the requests and arrivals of `loadtest/workloads/seed.yaml`
+(or any workload) replayed into the engine (see replay.py), then the very table, shape checks,
+recommendation and seed distribution `omnigate loadtest validate-seed` prints (its `+ omnigate` rows
+need a real gateway and exist only there). Seconds per sweep instead of minutes.
 Usage: `python -m loadtest.sim.shape [--workload FILE] [--caps 8,16,32,48,64,128] [--duration S]`.
 """
 
@@ -10,17 +11,15 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from loadtest import seed
-from loadtest.sim.engine import EngineConfig
+from loadtest.sim.config import SimConfig
 from loadtest.sim.profile import load_profile
-from loadtest.sim.replay import arrivals, point
-from loadtest.sweep import analyse
+from loadtest.sim.replay import arrivals, sweep
 from loadtest.workload import load_workload
 
 
@@ -30,7 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="default")
     ap.add_argument("--caps", default=",".join(map(str, seed.VALUES)))
     ap.add_argument("--duration", type=float, help="measured seconds (default: the workload's)")
+    ap.add_argument("--seeds", help="workload seeds for the distribution (default: the file's and next 4)")
     ap.add_argument("--max-total-tokens", type=int)
+    ap.add_argument("--mem-fraction-static", type=float)
     ap.add_argument("--max-queued-requests", type=int)
     ap.add_argument("--oom-mode", choices=["retract", "crash"], default="retract")
     ap.add_argument("--open-loop", action="store_true", help="no outer in-flight cap (not the protocol)")
@@ -42,27 +43,21 @@ def main(argv: list[str] | None = None) -> int:
         overrides[key] = yaml.safe_load(value)
     w = load_workload(args.workload, overrides)
     profile = load_profile(args.profile)
-    t0 = time.perf_counter()
-    sends = arrivals(w, profile)
-    d = profile.engine
-    base = EngineConfig(
-        max_total_tokens=args.max_total_tokens or d.max_total_tokens,
-        max_running_requests=d.max_running_requests,
-        max_prefill_tokens=d.max_prefill_tokens,
-        chunked_prefill_size=d.chunked_prefill_size,
+    config = SimConfig(
+        profile=args.profile,
+        max_total_tokens=args.max_total_tokens,
+        mem_fraction_static=args.mem_fraction_static,
         max_queued_requests=args.max_queued_requests,
         oom_mode=args.oom_mode,
     )
     caps = [c.strip() for c in args.caps.split(",") if c.strip()]
-    points = [
-        point(
-            w, profile, replace(base, max_running_requests=int(c)), sends, None if args.open_loop else int(c)
-        )
-        for c in caps
-    ]
-    doc = analyse(seed.PARAM, caps, points, w.slo.model_dump(), headroom=0.1)
+    t0 = time.perf_counter()
+    sends = arrivals(w, profile)
+    doc = sweep(w, profile, caps, config, sends, args.open_loop)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else seed.seed_list(w)
+    doc["robustness"] = seed.robustness(w, profile, caps, config, seeds)
     code = seed.report(doc)
-    for value, res in zip(caps, points, strict=True):
+    for value, res in zip(caps, doc["points"], strict=True):
         s, peak = res["summary"], res["backend"]["queued"]["peak"]
         e2e = (s["e2e_ms"] or {}).get("p99", 0.0)
         print(

@@ -72,7 +72,8 @@ def test_plan_gives_every_listed_backend_its_own_simulator_and_rewrites_the_conf
     interactive = plan.sims[0].args
     assert interactive[:2] == ("--time-scale", "4.0")
     assert interactive[-2:] == ("--model", "qwen2.5-omni-7b")
-    assert "--schedule-policy" in interactive and "--schedule-policy" not in plan.sims[2].args
+    assert "--enable-priority-scheduling" in interactive
+    assert "--enable-priority-scheduling" not in plan.sims[2].args
 
 
 def test_the_shipped_policy_is_the_default_one_run_as_an_editable_copy(tmp_path: Path) -> None:

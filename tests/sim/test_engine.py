@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from loadtest.sim.engine import (
+    EVICTED_MESSAGE,
     INIT_NEW_TOKEN_RATIO,
     QUEUE_FULL_MESSAGE,
     Engine,
@@ -133,14 +134,114 @@ def test_oom_crash_mode_fails_everything_and_refuses_until_restart() -> None:
     assert e.total_crashes == 1
 
 
-def test_priority_policy_admits_larger_priority_first_and_fcfs_keeps_order() -> None:
-    for policy, expected in (("priority", "high"), ("fcfs", "low")):
-        e = make(max_running_requests=1, schedule_policy=policy)
-        e.submit(req("low", priority=0))
-        e.submit(req("mid", priority=1))
-        e.submit(req("high", priority=5))
+def _first_admitted(**kw: object) -> list[str]:
+    """Submit four requests to a one-slot engine; the order they are admitted in, one step each."""
+    e = make(max_running_requests=1, **kw)
+    for rid, priority, max_new in (("none", None, 4), ("low", 0, 8), ("mid", 1, 2), ("high", 5, 6)):
+        e.submit(req(rid, max_new=max_new, out=1, priority=priority))
+    order = []
+    while e.has_work():
         r = e.step()
-        assert r is not None and [x.rid for x in r.emitted] == [expected]
+        assert r is not None
+        order += [x.rid for x in r.emitted]
+    return order
+
+
+def test_priority_scheduling_orders_the_queue_as_sglang_and_is_off_by_default() -> None:
+    assert _first_admitted() == ["none", "low", "mid", "high"]  # fcfs: priorities are ignored
+    # larger first; a request without a priority gets -sys.maxsize - 1 (SGLang's default: last)
+    assert _first_admitted(enable_priority_scheduling=True) == ["high", "mid", "low", "none"]
+    flipped = {"enable_priority_scheduling": True, "schedule_low_priority_values_first": True}
+    assert _first_admitted(**flipped) == ["low", "mid", "high", "none"]  # None → sys.maxsize: last again
+    # lof: longest max_new_tokens first, under priority when it is on
+    assert _first_admitted(schedule_policy="lof") == ["low", "high", "none", "mid"]
+    assert _first_admitted(schedule_policy="lof", enable_priority_scheduling=True) == [
+        "high", "mid", "low", "none",
+    ]  # fmt: skip
+
+
+def test_schedule_policies_sglang_refuses_are_refused_at_start() -> None:
+    with pytest.raises(ValueError, match=r"^Unknown schedule_policy: policy='priority'$"):
+        EngineConfig(max_total_tokens=100, max_running_requests=1, schedule_policy="priority")
+    with pytest.raises(ValueError, match=r"must be 'fcfs' or 'lof'\. 'lpm' is not supported"):
+        EngineConfig(
+            max_total_tokens=100,
+            max_running_requests=1,
+            schedule_policy="lpm",
+            enable_priority_scheduling=True,
+        )
+    with pytest.raises(ValueError, match="not modelled by the simulator"):
+        EngineConfig(max_total_tokens=100, max_running_requests=1, schedule_policy="random")
+
+
+def _two_running(pool: int, prompt: int, **kw: object) -> tuple[Engine, SimRequest, SimRequest]:
+    """Two priority-0 requests prefilled together into a two-slot engine (one token each, KV = prompt)."""
+    e = make(max_total_tokens=pool, max_running_requests=2, enable_priority_scheduling=True, **kw)
+    a, b = req("a", prompt=prompt, max_new=200, priority=0), req("b", prompt=prompt, max_new=200, priority=0)
+    e.submit(a)
+    e.submit(b)
+    first = e.step()
+    assert first is not None and first.emitted == [a, b] and e.used_tokens == 2 * prompt
+    return e, a, b
+
+
+def test_preempt_to_schedule_evicts_the_newest_lowest_running_request_for_a_slot() -> None:
+    e, a, b = _two_running(pool=1000, prompt=100)
+    h = req("h", prompt=300, max_new=200, priority=20)
+    e.submit(h)
+    r = e.step()
+    # no slot: a and b differ from h by 20 > 10; b entered the queue last, so it goes; one is enough,
+    # since 300 + 200 − (800 − 2 × 199 × 0.7) < 0 — and h is prefilled in the same step
+    assert r is not None and r.kind == "prefill" and r.preempted == [b] and r.emitted == [h]
+    assert r.end - r.start == pytest.approx(0.010 + 0.300)
+    assert e.running == [a, h] and e.waiting == [b] and e.total_preempted == 1
+    assert (b.kv, b.preemptions, b.generated, b.retractions) == (0, 1, 1, 0)  # recomputed later
+    assert e.used_tokens == 100 + 300
+
+
+def test_preemption_needs_a_priority_gap_over_the_threshold() -> None:
+    e, _, _ = _two_running(pool=1000, prompt=100)
+    e.submit(req("h", prompt=300, max_new=200, priority=10))  # 10 − 0 is not > 10
+    r = e.step()
+    assert r is not None and r.kind == "decode" and not r.preempted and e.total_preempted == 0
+    e2, _, _ = _two_running(pool=1000, prompt=100, priority_scheduling_preemption_threshold=9)
+    e2.submit(req("h", prompt=300, max_new=200, priority=10))
+    r = e2.step()
+    assert r is not None and r.preempted and [x.rid for x in r.emitted] == ["h"]
+    # with smaller values first, the gap is measured the other way: 20 is not preferred to 0
+    e3, _, _ = _two_running(pool=1000, prompt=100, schedule_low_priority_values_first=True)
+    e3.submit(req("h", prompt=300, max_new=200, priority=20))
+    r = e3.step()
+    assert r is not None and r.kind == "decode" and not r.preempted
+
+
+def test_preemption_counts_reserved_output_budgets_not_the_kv_it_would_free() -> None:
+    # need = 300 + 200 − (600 − 278.6) = 178.6: b's reservation (139.3) is not enough, b and a are
+    e, a, b = _two_running(pool=1000, prompt=200)
+    h = req("h", prompt=300, max_new=200, priority=20)
+    e.submit(h)
+    r = e.step()
+    assert r is not None and r.preempted == [b, a] and r.emitted == [h] and e.waiting == [b, a]
+    # need = 400 + 200 − (1100 − 600 − 278.6) = 378.6 > both reservations: SGLang refuses, though
+    # freeing a and b's 600 cached tokens would make room; h waits and decode goes on
+    e, a, b = _two_running(pool=1100, prompt=300)
+    e.submit(req("h", prompt=400, max_new=200, priority=20))
+    r = e.step()
+    assert r is not None and r.kind == "decode" and not r.preempted and e.running == [a, b]
+
+
+def test_full_queue_evicts_its_least_preferred_request_for_a_strictly_better_one() -> None:
+    e = make(max_running_requests=1, max_queued_requests=2, enable_priority_scheduling=True)
+    p1, p5 = req("p1", priority=1), req("p5", priority=5)
+    assert e.submit(p1) is None and e.submit(p5) is None
+    p3 = req("p3", priority=3)
+    evicted = e.submit(p3)
+    assert evicted is p1 and e.waiting == [p5, p3] and p1.finish_reason == "abort"
+    assert p1.error is not None and (p1.error.status, p1.error.message) == (503, EVICTED_MESSAGE)
+    with pytest.raises(EngineError) as exc:
+        e.submit(req("p3-again", priority=3))  # only strictly better evicts
+    assert (exc.value.status, exc.value.message) == (503, QUEUE_FULL_MESSAGE)
+    assert e.total_aborted == 1
 
 
 def test_queue_full_is_refused_with_sglang_503() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,6 +16,7 @@ import orjson
 import pytest
 from PIL import Image
 
+from loadtest.sim import cli
 from loadtest.sim.config import SimConfig
 from loadtest.sim.faults import FaultConfig
 from loadtest.sim.profile import PrefillChunk, load_profile
@@ -173,12 +175,40 @@ def test_image_prompt_tokens_follow_real_dimensions(sim: ServerThread) -> None:
     assert r.usage is not None and r.usage.prompt_tokens == 2 * (1222 + 2) + 8
 
 
-def test_info_routes(sim: ServerThread) -> None:
-    info = httpx.get(sim.url + "/get_server_info").json()
+def test_server_info_is_sglang_0_5_9s_and_the_old_route_warns_per_call(
+    sim: ServerThread, caplog: pytest.LogCaptureFixture
+) -> None:
     profile = load_profile("default")
-    assert info["max_total_num_tokens"] == profile.engine.max_total_tokens
+    with caplog.at_level(logging.WARNING, logger="loadtest.sim"):
+        info = httpx.get(sim.url + "/server_info").json()
+        assert not caplog.records  # the current route is silent
+        old = [httpx.get(sim.url + "/get_server_info").json() for _ in range(2)]
+    deprecated = "Endpoint '/get_server_info' is deprecated and will be removed in a future version."
+    assert [r.getMessage().startswith(deprecated) for r in caplog.records] == [True, True]
+    assert {k: v for k, v in old[0].items() if k != "internal_states"} == {
+        k: v for k, v in info.items() if k != "internal_states"
+    }
+    # server args, then the scheduler's init info, then per-DP internal states, then the version
+    assert info["max_total_num_tokens"] == 917_980  # derived from the profile's memory (test_memory)
+    assert info["max_total_tokens"] is None and info["mem_fraction_static"] == 0.834
     assert info["max_running_requests"] == profile.engine.max_running_requests
-    assert httpx.get(sim.url + "/server_info").json()["max_total_num_tokens"] == info["max_total_num_tokens"]
+    assert info["status"] == "ready" and info["version"] == "0.5.9"
+    assert info["max_req_input_len"] == profile.context_length - 1
+    assert info["enable_priority_scheduling"] is False and info["schedule_policy"] == "fcfs"
+    [state] = info["internal_states"]
+    assert state["memory_usage"] == {
+        "weight": 16.65,
+        "kvcache": 49.03,
+        "token_capacity": 917_980,
+        "graph": 0.09,
+    }
+    assert state["effective_max_running_requests_per_dp"] == 48 and state["chunked_prefill_size"] == 8192
+    assert set(state) >= {"last_gen_throughput", "max_running_requests", "schedule_policy"}
+
+
+def test_info_routes(sim: ServerThread) -> None:
+    info = httpx.get(sim.url + "/server_info").json()
+    profile = load_profile("default")
     models = httpx.get(sim.url + "/v1/models").json()
     assert models["data"][0]["id"] == profile.served_model_name
     assert httpx.get(sim.url + "/v1/models/" + profile.served_model_name).status_code == 200
@@ -317,6 +347,71 @@ async def test_queue_full_returns_503() -> None:
             }
             await client.post(server.url + "/abort_request", json={"abort_all": True})
             assert (await running).status_code == 400 and (await queued).status_code == 400
+
+
+async def test_full_queue_under_priority_scheduling_aborts_the_lowest_waiting_request() -> None:
+    cfg = SimConfig(
+        time_scale=2.0, max_running_requests=1, max_queued_requests=1, enable_priority_scheduling=True
+    )
+    with serve(create_app(cfg)) as server:
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 5000,
+            "ignore_eos": True,
+        }
+        url = server.url + "/v1/chat/completions"
+        async with httpx.AsyncClient(timeout=30) as client:
+            running = asyncio.create_task(client.post(url, json=body | {"priority": 1}))
+            await _until(lambda: httpx.get(server.url + "/get_load").json()[0]["num_reqs"] == 1)
+            low = asyncio.create_task(client.post(url, json=body | {"priority": 0}))
+            await _until(lambda: httpx.get(server.url + "/get_load").json()[0]["num_waiting_reqs"] == 1)
+            # the running one is only 2 better than the newcomer: no preemption (threshold 10)
+            high = asyncio.create_task(client.post(url, json=body | {"priority": 3}))
+            evicted = await low
+            assert evicted.status_code == 503
+            assert evicted.json()["message"] == "The request is aborted by a higher priority request."
+            assert _metric(server.url, "sglang:num_aborted_requests_total") == 1
+            same = await client.post(url, json=body | {"priority": 3})  # not strictly better: refused
+            assert same.status_code == 503 and same.json()["message"] == "The request queue is full."
+            await client.post(server.url + "/abort_request", json={"abort_all": True})
+            assert (await running).status_code == 400 and (await high).status_code == 400
+
+
+def test_cli_takes_sglangs_scheduling_flags_and_refuses_what_sglang_refuses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = cli.build_parser().parse_args(
+        ["--enable-priority-scheduling", "--schedule-low-priority-values-first",
+         "--priority-scheduling-preemption-threshold", "4", "--schedule-policy", "lof",
+         "--mem-fraction-static", "0.8"]
+    )  # fmt: skip
+    config = cli.config_from_args(args)
+    assert (config.enable_priority_scheduling, config.schedule_low_priority_values_first) == (True, True)
+    assert (config.priority_scheduling_preemption_threshold, config.schedule_policy) == (4, "lof")
+    assert config.build(config.load_profile())[1].mem_fraction_static == 0.8
+    assert cli.main(["--schedule-policy", "priority", "--port", "0"]) == 2
+    assert "Unknown schedule_policy: policy='priority'" in capsys.readouterr().out
+
+
+def test_memory_peak_gauge_counts_static_memory_cached_tokens_and_activations() -> None:
+    app = create_app(SimConfig(time_scale=FAST))
+    with serve(app) as server:
+        memory = app.state.sim.memory
+        idle = _metric(server.url, "sim:memory_peak_bytes")
+        assert idle == memory.static_bytes
+        r = httpx.post(
+            server.url + "/generate",
+            json={"input_ids": list(range(1000)), "sampling_params": {"max_new_tokens": 1}},
+        )
+        assert r.status_code == 200
+        # the one prefill step: 1000 cached tokens and 1000 tokens' activations plus one logits row
+        expected = (
+            memory.static_bytes
+            + 1000 * memory.kv_bytes_per_token
+            + memory.prefill_bytes([PrefillChunk(0, 1000)], sampled=1)
+        )
+        assert _metric(server.url, "sim:memory_peak_bytes") == expected
 
 
 def test_faults_switch_at_runtime() -> None:
