@@ -98,6 +98,18 @@ def build_parser() -> argparse.ArgumentParser:
     vs.add_argument("--duration", type=float, help="simulated seconds per point")
     vs.add_argument("--time-scale", type=float)
     vs.add_argument("--out", type=Path)
+    vs.add_argument(
+        "--gateway-caps",
+        default=",".join(map(str, seed.GATEWAY_CAPS)),
+        help="engine caps behind `omnigate serve` (real time, ~4 min each); empty: none",
+    )
+    vs.add_argument(
+        "--gateway-check",
+        choices=["report", "enforce"],
+        default="report",
+        help="whether the `N + omnigate` rows' check decides the exit code",
+    )
+    vs.add_argument("--gateway-policy", type=Path, default=seed.DEFAULT_POLICY)
     return p
 
 
@@ -206,7 +218,15 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "compare":
             return _compare(args)
         else:
-            return seed.validate(args.values, args.duration, args.time_scale, args.out)
+            return seed.validate(
+                args.values,
+                args.duration,
+                args.time_scale,
+                args.out,
+                args.gateway_caps,
+                args.gateway_check,
+                args.gateway_policy,
+            )
     except (WorkloadError, TraceError, SweepError, ValueError, OSError) as e:
         print(f"omnigate loadtest: {e}", file=sys.stderr)
         return 2

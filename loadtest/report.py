@@ -55,6 +55,7 @@ COLUMNS: list[tuple[str, Any, int]] = [
     ("reject", lambda r: _pct(dig(r, "summary.rejection_rate")), 1),
     ("error", lambda r: _pct(dig(r, "summary.error_rate")), 1),
     ("KV peak", lambda r: _pct(dig(r, "backend.kv_usage.peak")), 0),
+    ("mem peak GiB", lambda r: _gib(dig(r, "backend.memory_bytes.peak")), 1),
     ("KV P95", lambda r: _pct(dig(r, "backend.kv_usage.p95")), 0),
     ("retract", lambda r: dig(r, "backend.retractions"), 0),
     ("OOM", lambda r: "yes" if dig(r, "oom.detected") else "no", 0),
@@ -64,6 +65,10 @@ COLUMNS: list[tuple[str, Any, int]] = [
 
 def _pct(v: float | None) -> float | None:
     return None if v is None else v * 100
+
+
+def _gib(v: float | None) -> float | None:
+    return None if v is None else v / (1 << 30)
 
 
 def table(rows: list[tuple[str, dict[str, Any]]], first: str) -> str:
@@ -104,6 +109,7 @@ def _slo_text(slo: dict[str, Any]) -> str:
 
 def sweep_markdown(doc: dict[str, Any]) -> str:
     rows = [(str(v), p) for v, p in zip(doc["values"], doc["points"], strict=True)]
+    rows += [(str(label), p) for label, p in doc.get("gateway_rows") or []]  # validate-seed's `N + omnigate`
     rec = doc.get("recommendation")
     out = [
         f"## sweep of {doc['param']} — SLO {_slo_text(doc['slo'])}, headroom {doc['headroom']:.0%}",

@@ -6,9 +6,11 @@ its own send lag (actual − scheduled send time) so a saturated load generator 
 
 `max_in_flight` adds an outer admission layer in the harness itself: the schedule stays open loop, but at
 most that many requests are at the server at once; the rest wait in the client, in arrival order. The
-time each request is held is recorded as its `outer_wait` (never as send lag, never hidden), and a
-request still held when the drain window closes is recorded as shed by that layer (408,
-`outer_queue_timeout`), as a gateway's queue timeout would answer it.
+time each request is held is recorded as its `outer_wait` (never as send lag, never hidden). A request
+still held when a duration-bounded measured phase ends (or, for a count-bounded one, when the drain
+window closes) is recorded as shed by that layer (408, `outer_queue_timeout`), as a gateway's queue
+timeout would answer it: the layer starts no new work once the offered load has stopped, and what is
+already at the server gets the drain window to finish.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class Worker:
         self.factory = RequestFactory(opts.workload, media, worker)
         self.records: list[RequestRecord] = []
         self._tasks: set[asyncio.Task[RequestRecord]] = set()
+        self._held: set[asyncio.Task[RequestRecord]] = set()  # waiting for the outer cap
         cap = opts.max_in_flight
         self._gate = None if cap is None else asyncio.Semaphore(max(1, _share(cap, worker, opts.workers)))
 
@@ -127,6 +130,9 @@ class Worker:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if gate is not None:
+            self._held.add(task)
+            task.add_done_callback(self._held.discard)
         return task
 
     async def _gated(
@@ -142,6 +148,9 @@ class Worker:
             rec.sent, rec.outer_wait, rec.e2e = now - self.start, now - held, 0.0
             rec.status, rec.error = 408, "outer_queue_timeout"
             raise
+        task = asyncio.current_task()
+        if task is not None:
+            self._held.discard(task)
         try:
             rec.outer_wait = time.perf_counter() - held
             return await send(self.pool, req, rec, self.start, w.timeout / w.time_scale)
@@ -183,6 +192,9 @@ class Worker:
                 if plan.count is None:
                     await asyncio.sleep(max(0.0, origin + plan.duration - time.perf_counter()))
             origin = time.perf_counter()
+        if plans and not plans[-1].concurrency and plans[-1].count is None:
+            for task in list(self._held):  # the load has stopped: the outer layer sheds what it holds
+                task.cancel()
         drain = self.opts.workload.drain
         if self._tasks:
             _, pending = await asyncio.wait(

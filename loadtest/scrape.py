@@ -27,8 +27,9 @@ WATCHED = {
     "sglang:num_queue_reqs": "queued",
     "sglang:num_retracted_requests_total": "retractions_total",
     "sglang:num_retracted_reqs": "retracted_now",
+    "sim:memory_peak_bytes": "memory_bytes",  # the simulator's GPU memory in use (per engine: max)
 }
-MAX_REDUCED = frozenset({"kv_usage"})
+MAX_REDUCED = frozenset({"kv_usage", "memory_bytes"})
 # The engine's own latency histograms (bucket name → sample-key prefix): engine-side queue time and TTFT,
 # measured from the moment a request reaches the engine (behind any outer layer that held it before).
 HISTOGRAMS = {
@@ -109,7 +110,7 @@ def summarize_samples(samples: list[Sample], time_scale: float = 1.0) -> dict[st
     for s in samples:
         rounds.setdefault(s.t, []).append(s)
     out: dict[str, Any] = {}
-    for key in ("kv_usage", "kv_used_tokens", "running", "queued"):
+    for key in ("kv_usage", "kv_used_tokens", "memory_bytes", "running", "queued"):
         reduce = max if key in MAX_REDUCED else sum
         series = [
             reduce(s.values[key] for s in group if key in s.values)

@@ -2,8 +2,9 @@
 
 How a value is applied is a small pluggable `PointTarget`: an async context manager factory that
 prepares the system for one value and yields the URL to load plus the `/metrics` URLs to scrape.
-Two ship here: a simulator subprocess per point (an engine flag such as --max-running-requests) and a
-live gateway policy change through the admin API.
+Three ship here: a simulator subprocess per point (an engine flag such as --max-running-requests), a
+simulator behind a real `omnigate serve` per point, and a live gateway policy change through the admin
+API.
 """
 
 from __future__ import annotations
@@ -41,22 +42,62 @@ class SweepError(RuntimeError):
     """A point could not be prepared (simulator did not start, admin API refused the policy)."""
 
 
-async def wait_healthy(url: str, timeout_s: float, proc: asyncio.subprocess.Process | None = None) -> None:
+async def wait_healthy(
+    url: str, timeout_s: float, proc: asyncio.subprocess.Process | None = None, path: str = "/health"
+) -> None:
     pool = HttpPool(url)
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
             if proc is not None and proc.returncode is not None:
-                raise SweepError(f"simulator exited with code {proc.returncode} before becoming healthy")
+                raise SweepError(f"process exited with code {proc.returncode} before {path} answered 200")
             with contextlib.suppress(HttpError):
-                resp = await pool.request("GET", "/health")
+                resp = await pool.request("GET", path)
                 await resp.read()
                 if resp.status == 200:
                     return
             await asyncio.sleep(0.1)
     finally:
         await pool.aclose()
-    raise SweepError(f"{url} not healthy after {timeout_s:.0f} s")
+    raise SweepError(f"{url}{path} not 200 after {timeout_s:.0f} s")
+
+
+@contextlib.asynccontextmanager
+async def child(argv: list[str], url: str, ready_path: str, timeout_s: float) -> AsyncIterator[None]:
+    """`python argv…` on loopback, ready once GET `ready_path` answers 200; stopped (TERM, then KILL)
+    on exit. Its output goes to a temporary file whose tail is shown if it never becomes ready."""
+    with tempfile.TemporaryFile() as log:
+        proc = await asyncio.create_subprocess_exec(sys.executable, *argv, stdout=log, stderr=log)
+        try:
+            try:
+                await wait_healthy(url, timeout_s, proc, ready_path)
+            except SweepError as e:
+                log.seek(0)
+                tail = log.read()[-2000:].decode(errors="replace")
+                raise SweepError(f"{e}: {' '.join(argv)}\n{tail}") from None
+            yield
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+                try:
+                    await asyncio.wait_for(proc.wait(), 10)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+
+
+def sim_argv(port: int, time_scale: float, args: list[str]) -> list[str]:
+    return [
+        "-m",
+        "loadtest.sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--time-scale",
+        repr(time_scale),
+        *args,
+    ]
 
 
 def sim_target(
@@ -67,27 +108,50 @@ def sim_target(
     @contextlib.asynccontextmanager
     async def point(value: str) -> AsyncIterator[Endpoint]:
         port = free_port()
-        argv = ["-m", "loadtest.sim", "--host", "127.0.0.1", "--port", str(port)]
-        argv += ["--time-scale", repr(time_scale), *base_args, f"--{flag}", value]
         url = f"http://127.0.0.1:{port}"
-        with tempfile.TemporaryFile() as log:
-            proc = await asyncio.create_subprocess_exec(sys.executable, *argv, stdout=log, stderr=log)
-            try:
-                try:
-                    await wait_healthy(url, start_timeout, proc)
-                except SweepError as e:
-                    log.seek(0)
-                    tail = log.read()[-2000:].decode(errors="replace")
-                    raise SweepError(f"{e}: {' '.join(argv)}\n{tail}") from None
-                yield Endpoint(url, [url])
-            finally:
-                if proc.returncode is None:
-                    proc.terminate()
-                    try:
-                        await asyncio.wait_for(proc.wait(), 10)
-                    except TimeoutError:
-                        proc.kill()
-                        await proc.wait()
+        async with child(
+            sim_argv(port, time_scale, [*base_args, f"--{flag}", value]), url, "/health", start_timeout
+        ):
+            yield Endpoint(url, [url])
+
+    return point
+
+
+def gateway_target(
+    policy: Path, sim_args: list[str], model: str, time_scale: float = 1.0, start_timeout: float = 60.0
+) -> PointTarget:
+    """Per point: a simulator at `--max-running-requests <value>` and a real `omnigate serve` running
+    `policy` in front of it (one pool, `interactive`, no auth, in-memory store); the load goes to the
+    gateway, the simulator's /metrics are scraped. The policy is used as written, so its seconds must be
+    the engine's: keep `time_scale` 1 unless the policy was scaled to match."""
+    policy_path = str(policy.resolve())
+
+    @contextlib.asynccontextmanager
+    async def point(value: str) -> AsyncIterator[Endpoint]:
+        sim_port, gw_port = free_port(), free_port()
+        sim_url, gw_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
+        sim = sim_argv(sim_port, time_scale, [*sim_args, "--max-running-requests", value])
+        with tempfile.TemporaryDirectory(prefix="omnigate-validate-") as work:
+            config = Path(work) / "gateway.yaml"
+            config.write_text(
+                yaml.safe_dump(
+                    {
+                        "listen": {"host": "127.0.0.1", "port": gw_port},
+                        "policy_path": policy_path,
+                        "watch_policy": False,
+                        "auth": {"required": False},
+                        "store": {"kind": "memory"},
+                        "access_log": False,
+                        "pools": [{"name": "interactive", "models": [model], "backends": [sim_url]}],
+                    }
+                )
+            )
+            gateway = ["-m", "gateway.cli", "serve", "--config", str(config), "--log-level", "warning"]
+            async with (
+                child(sim, sim_url, "/health", start_timeout),
+                child(gateway, gw_url, "/readyz", start_timeout),
+            ):
+                yield Endpoint(gw_url, [sim_url])
 
     return point
 

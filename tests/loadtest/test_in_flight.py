@@ -100,6 +100,33 @@ async def test_requests_still_held_when_the_drain_closes_are_shed_as_outer_timeo
     assert all(r.outer_wait > 0 and r.e2e == 0.0 for r in records[1:])
 
 
+async def test_a_duration_bounded_run_sheds_what_the_cap_still_holds_when_the_load_stops(
+    tmp_path: Path,
+) -> None:
+    server = Counting(hold_s=0.3)
+    w = load_workload(
+        None,
+        {
+            "mix": {"text": 1},
+            "duration": 0.5,
+            "arrivals": {"shape": "constant", "process": "constant", "rate": 8},  # at 0.0625 … 0.4375
+            "warmup": {"duration": 0},
+            "output_tokens": {"dist": "fixed", "value": 2},
+            "drain": 60,
+        },
+    )
+    with serve(server.app()) as srv:
+        opts = RunOptions(url=srv.url, workload=w, cache_dir=tmp_path, max_in_flight=1)
+        records, _ = await execute(opts)
+    # one at a time for 0.3 s: the second goes out at ~0.36 s and finishes in the drain; at 0.5 s the
+    # other two are shed at once instead of waiting for the drain to close
+    assert server.served == 2
+    assert [(r.status, r.error) for r in records] == [(200, None), (200, None)] + [
+        (408, "outer_queue_timeout")
+    ] * 2
+    assert all(0.49 <= r.sent < 0.6 for r in records[2:])
+
+
 def test_outer_wait_scales_with_the_time_scale_and_is_not_send_lag() -> None:
     r = RequestRecord(scheduled=1.0, sent=1.5, outer_wait=0.4)
     assert round(r.send_lag, 9) == 0.1

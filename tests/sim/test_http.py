@@ -322,21 +322,27 @@ async def _until(cond: Callable[[], bool], limit_s: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+# a request that stays in the engine until aborted
+LONG = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5000, "ignore_eos": True}
+
+
+async def _fill_one_slot_and_the_queue(
+    client: httpx.AsyncClient, url: str, first: dict[str, Any], second: dict[str, Any]
+) -> tuple[asyncio.Task[httpx.Response], asyncio.Task[httpx.Response]]:
+    """One request running (`first`) and one waiting (`second`) on a one-slot, one-queue-place engine."""
+    running = asyncio.create_task(client.post(url + "/v1/chat/completions", json=LONG | first))
+    await _until(lambda: httpx.get(url + "/get_load").json()[0]["num_reqs"] == 1)
+    waiting = asyncio.create_task(client.post(url + "/v1/chat/completions", json=LONG | second))
+    await _until(lambda: httpx.get(url + "/get_load").json()[0]["num_waiting_reqs"] == 1)
+    return running, waiting
+
+
 async def test_queue_full_returns_503() -> None:
     cfg = SimConfig(time_scale=2.0, max_running_requests=1, max_queued_requests=1)
     with serve(create_app(cfg)) as server:
-        body = {
-            "model": "m",
-            "messages": [{"role": "user", "content": "x"}],
-            "max_tokens": 5000,
-            "ignore_eos": True,
-        }
         async with httpx.AsyncClient(timeout=30) as client:
-            running = asyncio.create_task(client.post(server.url + "/v1/chat/completions", json=body))
-            await _until(lambda: httpx.get(server.url + "/get_load").json()[0]["num_reqs"] == 1)
-            queued = asyncio.create_task(client.post(server.url + "/v1/chat/completions", json=body))
-            await _until(lambda: httpx.get(server.url + "/get_load").json()[0]["num_waiting_reqs"] == 1)
-            r = await client.post(server.url + "/v1/chat/completions", json=body)
+            running, queued = await _fill_one_slot_and_the_queue(client, server.url, {}, {})
+            r = await client.post(server.url + "/v1/chat/completions", json=LONG)
             assert r.status_code == 503
             assert r.json() == {
                 "object": "error",
@@ -354,25 +360,18 @@ async def test_full_queue_under_priority_scheduling_aborts_the_lowest_waiting_re
         time_scale=2.0, max_running_requests=1, max_queued_requests=1, enable_priority_scheduling=True
     )
     with serve(create_app(cfg)) as server:
-        body = {
-            "model": "m",
-            "messages": [{"role": "user", "content": "x"}],
-            "max_tokens": 5000,
-            "ignore_eos": True,
-        }
         url = server.url + "/v1/chat/completions"
         async with httpx.AsyncClient(timeout=30) as client:
-            running = asyncio.create_task(client.post(url, json=body | {"priority": 1}))
-            await _until(lambda: httpx.get(server.url + "/get_load").json()[0]["num_reqs"] == 1)
-            low = asyncio.create_task(client.post(url, json=body | {"priority": 0}))
-            await _until(lambda: httpx.get(server.url + "/get_load").json()[0]["num_waiting_reqs"] == 1)
-            # the running one is only 2 better than the newcomer: no preemption (threshold 10)
-            high = asyncio.create_task(client.post(url, json=body | {"priority": 3}))
+            running, low = await _fill_one_slot_and_the_queue(
+                client, server.url, {"priority": 1}, {"priority": 0}
+            )
+            # the running one is only 2 below the newcomer: no preemption (threshold 10)
+            high = asyncio.create_task(client.post(url, json=LONG | {"priority": 3}))
             evicted = await low
             assert evicted.status_code == 503
             assert evicted.json()["message"] == "The request is aborted by a higher priority request."
             assert _metric(server.url, "sglang:num_aborted_requests_total") == 1
-            same = await client.post(url, json=body | {"priority": 3})  # not strictly better: refused
+            same = await client.post(url, json=LONG | {"priority": 3})  # not strictly better: refused
             assert same.status_code == 503 and same.json()["message"] == "The request queue is full."
             await client.post(server.url + "/abort_request", json={"abort_all": True})
             assert (await running).status_code == 400 and (await high).status_code == 400

@@ -7,17 +7,8 @@ import pytest
 from loadtest.sim.config import SimConfig
 from loadtest.sim.engine import Engine, EngineConfig, SimRequest
 from loadtest.sim.memory import GIB, MIB, MemoryModel, memory_model, sglang_mem_fraction_static
-from loadtest.sim.profile import CostModel, PrefillChunk, load_profile
-
-COSTS = CostModel(
-    prefill_base_s=0.010,
-    prefill_per_token_s=0.001,
-    prefill_attention_per_token2_s=0.0,
-    encoder_per_token_s=0.0,
-    decode_base_s=0.010,
-    decode_per_seq_s=0.0,
-    decode_per_kv_token_s=0.0,
-)
+from loadtest.sim.profile import PrefillChunk, load_profile
+from tests.sim.test_engine import COSTS
 
 
 def test_sglang_rule_for_mem_fraction_static() -> None:
