@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from loadtest import html, seed
+from loadtest import html, seed, seed_table
 from loadtest.compare import compare
 from loadtest.report import load_json, markdown
 from loadtest.results import build_result
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("b", type=Path)
     cmp.add_argument("--threshold", type=float, default=0.05)
     vs = sub.add_parser("validate-seed", help="reproduce the seed article's batch-cap table on the simulator")
-    vs.add_argument("--values", default=",".join(map(str, seed.VALUES)))
+    vs.add_argument("--values", default=",".join(map(str, seed_table.VALUES)))
     vs.add_argument("--duration", type=float, help="simulated seconds per point")
     vs.add_argument("--time-scale", type=float)
     vs.add_argument("--out", type=Path)

@@ -16,23 +16,26 @@ from __future__ import annotations
 import bisect
 import math
 import random
+import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from loadtest.arrivals import constant_shape, schedule
+from loadtest.knee import dig
 from loadtest.media import MediaCache
 from loadtest.metrics import error_bursts, summarize
 from loadtest.records import RequestRecord
 from loadtest.scrape import histogram_ms
+from loadtest.seed_table import COLUMNS, VALUES, oom
 from loadtest.sim.config import SimConfig
 from loadtest.sim.engine import Engine, EngineConfig, EngineError, SimRequest
-from loadtest.sim.memory import MemoryModel
+from loadtest.sim.memory import GIB, MemoryModel
 from loadtest.sim.metrics import QUEUE_BUCKETS, TTFT_BUCKETS
-from loadtest.sim.profile import Profile
+from loadtest.sim.profile import PrefillChunk, Profile
 from loadtest.sim.tokens import PromptCounter
-from loadtest.sweep import analyse
+from loadtest.sweep import analyse, set_dotted
 from loadtest.workload import RequestFactory, Workload
 
 PARAM = "max-running-requests"
@@ -262,3 +265,46 @@ def sweep(
         engine_config, memory = config.model_copy(update={"max_running_requests": int(cap)}).build(profile)
         points.append(point(w, profile, engine_config, sends, None if open_loop else int(cap), memory))
     return analyse(PARAM, caps, points, w.slo.model_dump(), headroom=HEADROOM)
+
+
+def physics(profile: Profile, cap: int = max(VALUES)) -> dict[str, float]:
+    """The profile's figures the explanations quote: a 2–4-image prompt's prefill, a small batch's decode
+    step, the static memory, the KV cell, the pool, the card and what stays outside the pool."""
+    _, m = SimConfig(max_running_requests=cap).build(profile)
+    c = profile.costs
+    return {
+        "prefill_2k_s": c.prefill_time([PrefillChunk(0, 2000, 1900)]),
+        "prefill_4k_s": c.prefill_time([PrefillChunk(0, 4000, 3900)]),
+        "decode_8_ms": c.decode_time(8, 8 * 1500) * 1000,
+        "static_gib": m.static_bytes / GIB,
+        "weights_gib": m.weight_bytes / GIB,
+        "cell_kib": m.kv_bytes_per_token / 1024,
+        "pool_tokens": float(m.pool_tokens),
+        "gpu_gib": m.gpu_bytes / GIB,
+        "headroom_gib": m.headroom_bytes / GIB,
+    }
+
+
+def seed_spread(
+    w: Workload, profile: Profile, caps: list[str], config: SimConfig, seeds: list[int]
+) -> dict[str, Any]:
+    """The replayed sweep on each workload seed: each one's recommendation and TPOT P99 by cap, and per
+    cap the median of every seed column (what the shape checks judge) and whether any seed ran out."""
+    docs = [(s, sweep(w.model_copy(update={"seed": s}), profile, caps, config)) for s in seeds]
+    per_seed = [
+        {
+            "seed": s,
+            "recommendation": d["recommendation"],
+            "tpot_p99_ms": {v: dig(p, "summary.tpot_ms.p99") for v, p in zip(caps, d["points"], strict=True)},
+        }
+        for s, d in docs
+    ]
+    median = []
+    for i in range(len(caps)):
+        point: dict[str, Any] = {"oom": {"detected": any(oom(d["points"][i]) for _, d in docs)}}
+        for _, path, _, _, _ in COLUMNS:
+            known = [v for _, d in docs if (v := dig(d["points"][i], path)) is not None]
+            if known:
+                set_dotted(point, path, statistics.median(known))
+        median.append(point)
+    return {"per_seed": per_seed, "median": median}

@@ -16,18 +16,18 @@ from typing import Any
 
 import yaml
 
-from loadtest import seed
+from loadtest import seed_table
 from loadtest.sim.config import SimConfig
 from loadtest.sim.profile import load_profile
-from loadtest.sim.replay import arrivals, sweep
+from loadtest.sim.replay import arrivals, physics, seed_spread, sweep
 from loadtest.workload import load_workload
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--workload", type=Path, default=seed.HERE / "seed.yaml")
+    ap.add_argument("--workload", type=Path, default=seed_table.HERE / "seed.yaml")
     ap.add_argument("--profile", default="default")
-    ap.add_argument("--caps", default=",".join(map(str, seed.VALUES)))
+    ap.add_argument("--caps", default=",".join(map(str, seed_table.VALUES)))
     ap.add_argument("--duration", type=float, help="measured seconds (default: the workload's)")
     ap.add_argument("--seeds", help="workload seeds for the distribution (default: the file's and next 4)")
     ap.add_argument("--max-total-tokens", type=int)
@@ -54,9 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     sends = arrivals(w, profile)
     doc = sweep(w, profile, caps, config, sends, args.open_loop)
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else seed.seed_list(w)
-    doc["seeds"] = seed.seed_spread(w, profile, caps, config, seeds)
-    code = seed.report(doc)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else seed_table.seed_list(w)
+    doc["seeds"] = seed_spread(w, profile, caps, config, seeds)
+    doc["physics"] = physics(profile)
+    code = seed_table.report(doc)
     for value, res in zip(caps, doc["points"], strict=True):
         s, peak = res["summary"], res["backend"]["queued"]["peak"]
         e2e = (s["e2e_ms"] or {}).get("p99", 0.0)

@@ -8,11 +8,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loadtest import seed
 from loadtest.results import build_result
 from loadtest.runner import RunOptions, execute
+from loadtest.seed import DEFAULT_POLICY
 from loadtest.sweep import gateway_target
 from loadtest.workload import load_workload
+
+pytestmark = pytest.mark.e2e
 
 MODEL = "Qwen/Qwen2.5-Omni-7B"
 
@@ -32,7 +34,7 @@ async def test_gateway_target_runs_the_default_policy_in_front_of_the_engine_at_
             "drain": 30,
         },
     )
-    target = gateway_target(seed.DEFAULT_POLICY, ["--profile", "default", "--seed", "1"], MODEL)
+    target = gateway_target(DEFAULT_POLICY, ["--profile", "default", "--seed", "1"], MODEL)
     async with target("8") as ep, httpx.AsyncClient(trust_env=False) as client:
         engine = ep.scrape[0]
         assert ep.url != engine

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from loadtest import seed
+from loadtest import seed_table as seed
 from loadtest.sim.profile import load_profile
+from loadtest.sim.replay import physics
 
 GIB = 1 << 30
 
@@ -120,7 +121,7 @@ def test_a_dip_an_oom_the_wrong_recommendation_or_a_minority_of_seeds_fails() ->
 def test_distances_print_every_ratio_and_the_reason_only_where_far() -> None:
     table = seed.seed_table()
     doc = _doc(table, **{"8": {"ttft": 660.0}})  # 3× the seed's 220 ms
-    lines = seed.distances(doc, table, seed.physics(load_profile("default")))
+    lines = seed.distances(doc, table, physics(load_profile("default")))
     assert lines[0] == "tok/s: ×1.00 ×1.00 ×1.00 ×1.00 ×1.00 ×1.00"
     assert lines[1].startswith("TTFT P99: ×3.00 ×1.00 ×1.00 ×1.00 ×1.00 ×1.00 — far: one A100 prefills")
     assert lines[5] == "mem GB: ×1.00 ×1.00 ×1.00 ×1.00 ×1.00 –"  # no seed figure at 128, no reason
@@ -130,7 +131,7 @@ def test_distances_print_every_ratio_and_the_reason_only_where_far() -> None:
 def test_the_seeds_oom_at_128_is_reported_with_our_memory_when_we_do_not_run_out() -> None:
     table = seed.seed_table()
     doc = _doc(table, **{"128": {"mem": 28.8}})
-    f = seed.physics(load_profile("default"))
+    f = physics(load_profile("default"))
     oom = [line for line in seed.distances(doc, table, f) if line.startswith("OOM at 128")]
     assert oom == [
         "OOM at 128: seed yes, ours no — memory in use peaks at 28.8 of 79.25 GiB: the KV pool SGLang "
@@ -145,6 +146,7 @@ def _gateway_doc(tpot: float, thr: float, retractions: int) -> dict[str, Any]:
     row = _point(table["128"], p99=tpot, thr=thr)
     row["backend"]["retractions"] = retractions
     doc["gateway_rows"] = [("128 + omnigate", row)]
+    doc["physics"] = physics(load_profile("default"))
     return doc
 
 
