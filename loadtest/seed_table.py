@@ -34,14 +34,6 @@ PROTOCOL = (
 )
 
 
-def engine_ttft_p99(res: dict[str, Any]) -> float | None:
-    return dig(res, "backend.engine_ttft_ms.p99")
-
-
-def engine_queue_p99(res: dict[str, Any]) -> float | None:
-    return dig(res, "backend.engine_queue_ms.p99")
-
-
 def memory_gib(res: dict[str, Any]) -> float | None:
     return value(res, "backend.memory_bytes.peak", 1 / GIB)
 
