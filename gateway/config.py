@@ -22,9 +22,38 @@ class Listen(Frozen):
     port: int = Field(8080, ge=0, le=65535)
 
 
+OmniVersion = Literal["snapshot", "later"]
+
+
+class SGLangOmniServer(Frozen):
+    """What the gateway must know of a pool's sglang-omni servers that they do not tell over HTTP
+    (gateway/backends/README.md, "sglang-omni versions")."""
+
+    version: OmniVersion = Field(
+        "snapshot",
+        description="snapshot: the April 2026 tree (2489a10) and servers like it — OpenAI content parts "
+        "are not understood (the gateway sends the top-level media lists), thinker/talker caps 16/16, no "
+        "abort on disconnect, every failure a 500; later: content parts parsed, caps 64/32, streams "
+        "aborted on disconnect, 400 for the bad requests it recognises.",
+    )
+    thinker_max_running_requests: int | None = Field(
+        None, ge=1, description="The thinker's cap if the server overrides it; None: the version's default."
+    )
+    talker_max_running_requests: int | None = Field(
+        None, ge=1, description="The talker's cap if the server overrides it; None: the version's default."
+    )
+    encoder_max_batch_size: int = Field(32, ge=1, description="Media items an encoder runs in one batch.")
+    code2wav_audio_seconds_per_s: float | None = Field(
+        None, gt=0, description="Audio the serial vocoder makes per second, if known; None: measured."
+    )
+
+
 class PoolConfig(Frozen):
     name: str = Field(min_length=1)
-    kind: Literal["sglang"] = "sglang"
+    kind: Literal["sglang", "sglang-omni"] = "sglang"
+    sglang_omni: SGLangOmniServer = Field(
+        default_factory=lambda: SGLangOmniServer(), description="Only for kind: sglang-omni."
+    )
     models: tuple[str, ...] = Field(min_length=1)
     backends: tuple[str, ...] = Field(min_length=1)
     traffic_class: str | None = Field(None, description="Class this pool serves (defaults to the pool name).")
@@ -44,6 +73,14 @@ class PoolConfig(Frozen):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"backend URL must start with http:// or https://: {url!r}")
         return tuple(url.rstrip("/") for url in v)
+
+    @model_validator(mode="after")
+    def _kind_settings(self) -> PoolConfig:
+        if self.kind != "sglang-omni" and "sglang_omni" in self.model_fields_set:
+            raise ValueError(f"pool {self.name!r}: sglang_omni settings need kind: sglang-omni")
+        if self.kind == "sglang-omni" and self.priority_scheduling:
+            raise ValueError(f"pool {self.name!r}: sglang-omni has no priority scheduling")
+        return self
 
 
 class AdminConfig(Frozen):

@@ -77,6 +77,7 @@ class Ticket:
     priority: int = 0
     band: str = ""  # the priority's level name (policy `queue.priorities.levels`): its metric label
     bucket: str = "text"
+    voice: str | None = None  # the voice of the speech the answer holds; None for text only
     cost: Cost = field(default_factory=Cost)
     deadline: float = float("inf")
     job_id: str | None = None

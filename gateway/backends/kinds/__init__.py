@@ -6,9 +6,10 @@ from collections.abc import Callable
 
 from gateway.backends.kinds.base import BackendKind
 from gateway.backends.kinds.sglang import SGLang
+from gateway.backends.kinds.sglang_omni import SGLangOmni
 from gateway.config import PoolConfig
 
-_KINDS: dict[str, Callable[[PoolConfig], BackendKind]] = {SGLang.name: SGLang}
+_KINDS: dict[str, Callable[[PoolConfig], BackendKind]] = {SGLang.name: SGLang, SGLangOmni.name: SGLangOmni}
 
 
 def adapter_for(config: PoolConfig) -> BackendKind:

@@ -107,4 +107,6 @@ class BackendKind(abc.ABC):
 
     @abc.abstractmethod
     def stages_of(self, ticket: Ticket) -> tuple[str, ...]:
-        """The names of the stages (of `capacity`) that this priced request holds while it runs."""
+        """The names of the stages that this priced request holds while it runs, in pipeline order. A
+        stage a backend lacks (absent from its `capacity`, e.g. the talker of a text-only pipeline) is
+        not held there."""

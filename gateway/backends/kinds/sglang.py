@@ -75,25 +75,31 @@ class SGLang(BackendKind):
             log.debug("scrape of %s failed: %s", state.name, e)
 
     def judge(self, error: UpstreamError) -> Verdict:
-        if isinstance(error, UpstreamStatusError):
-            status = error.status
-            return Verdict(
-                error=upstream_error(status, error.body),
-                retry=status in RETRYABLE_STATUS,
-                backend_fault=status >= 500,
-                overloaded=status in OVERLOAD_STATUS,
-                client_fault=400 <= status < 500 and status != 429,
-            )
-        return Verdict(
-            error=ApiError(error.status, error.message, code=error.code),
-            retry=error.retryable,
-            backend_fault=True,
-            overloaded=False,
-            client_fault=False,
-        )
+        return judge_status(error)
 
     def capacity(self, state: BackendState) -> Capacity:
         return Capacity((Stage(ENGINE, StageUnit.REQUESTS, state.max_running_requests),))
 
     def stages_of(self, ticket: Ticket) -> tuple[str, ...]:
         return _ENGINE_ONLY
+
+
+def judge_status(error: UpstreamError) -> Verdict:
+    """SGLang's reading of a failure: a 4xx is the request's, a 5xx the server's (another backend may
+    serve it), 429/503 overload answers; a failed exchange is the backend's."""
+    if isinstance(error, UpstreamStatusError):
+        status = error.status
+        return Verdict(
+            error=upstream_error(status, error.body),
+            retry=status in RETRYABLE_STATUS,
+            backend_fault=status >= 500,
+            overloaded=status in OVERLOAD_STATUS,
+            client_fault=400 <= status < 500 and status != 429,
+        )
+    return Verdict(
+        error=ApiError(error.status, error.message, code=error.code),
+        retry=error.retryable,
+        backend_fault=True,
+        overloaded=False,
+        client_fault=False,
+    )
