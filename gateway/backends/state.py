@@ -24,7 +24,7 @@ class BackendState:
     reserved_kv_tokens: int = 0
     bucket_active: dict[str, int] = field(default_factory=dict)
     concurrency_limit: int = 64
-    # scraped from the backend (/metrics, /get_server_info); None until the first scrape
+    # scraped from the backend (its kind reads them: gateway/backends/kinds/); None until the first scrape
     max_total_tokens: int | None = None
     max_running_requests: int | None = None
     used_tokens: int | None = None

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
 from tests.gateway.conftest import ADMIN
+from tests.support.processes import Processes
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -15,10 +18,15 @@ def _state(url: str) -> dict:
     return httpx.get(f"{url}/admin/state", headers={"authorization": f"Bearer {ADMIN}"}).json()
 
 
+def _backend(url: str) -> dict:
+    entry: dict = _state(url)["pools"]["interactive"]["backends"][0]
+    return entry
+
+
 def test_sglang_probe_reads_health_metrics_and_server_info(start_backend, start_gateway):
     backend = start_backend()
     gw = start_gateway([backend.url])
-    assert wait_for(lambda: _state(gw.url)["pools"]["interactive"]["backends"][0]["token_usage"] is not None)
+    assert wait_for(lambda: _backend(gw.url)["token_usage"] is not None)
     pool = _state(gw.url)["pools"]["interactive"]
     entry = pool["backends"][0]
     assert pool["kind"] == "sglang"
@@ -31,14 +39,57 @@ def test_sglang_probe_reads_health_metrics_and_server_info(start_backend, start_
     assert entry["stages"] == [{"stage": "engine", "unit": "requests", "limit": 16}]
 
 
+def test_a_0_5_9_server_is_asked_server_info_once_per_healthy_spell(start_backend, start_gateway):
+    backend = start_backend()
+    gw = start_gateway([backend.url])
+    calls = backend.record.info_calls
+    assert wait_for(lambda: _backend(gw.url)["stages"][0]["limit"] == 16)
+    ticks = wait_for(lambda: calls.get("/server_info") == 1 and backend.record.metrics_calls >= 4)
+    assert ticks and calls == {"/server_info": 1}  # never the deprecated route, not every tick
+    backend.behaviour.healthy = False
+    assert wait_for(lambda: not _backend(gw.url)["healthy"])
+    backend.behaviour.healthy = True
+    assert wait_for(lambda: calls.get("/server_info") == 2)  # back from a spell down: maybe restarted
+    assert "/get_server_info" not in calls
+
+
+def test_an_older_server_is_read_from_get_server_info(start_backend, start_gateway):
+    backend = start_backend(info_routes=("/get_server_info",))
+    gw = start_gateway([backend.url])
+    assert wait_for(lambda: _backend(gw.url)["stages"][0]["limit"] == 16)
+    calls = backend.record.info_calls
+    assert wait_for(lambda: backend.record.metrics_calls >= 4)
+    assert calls == {"/server_info": 1, "/get_server_info": 1}
+
+
+def test_data_parallel_ranks_add_up_and_the_kv_ratio_is_the_fullest_ranks(start_backend, start_gateway):
+    backend = start_backend(dp_ranks=2)
+    gw = start_gateway([backend.url])
+    assert wait_for(lambda: _backend(gw.url)["stages"][0]["limit"] == 32)
+    entry = wait_for(lambda: (e := _backend(gw.url))["token_usage"] is not None and e)
+    assert (entry["token_usage"], entry["running"]) == (0.75, 3 + 5)
+
+
 def test_an_unhealthy_backend_is_marked_and_recovers(start_backend, start_gateway):
     backend = start_backend()
     gw = start_gateway([backend.url])
 
     def healthy() -> bool:
-        return _state(gw.url)["pools"]["interactive"]["backends"][0]["healthy"]
+        return bool(_backend(gw.url)["healthy"])
 
     backend.behaviour.healthy = False
     assert wait_for(lambda: not healthy())
     backend.behaviour.healthy = True
     assert wait_for(healthy)
+
+
+def test_the_simulated_sglang_server_is_read_from_server_info(tmp_path: Path, start_gateway):
+    procs = Processes(tmp_path)
+    try:
+        sim = procs.sim("--max-running-requests", "24", "--model", "test-model")
+        gw = start_gateway([sim.url])
+        entry = wait_for(lambda: (e := _backend(gw.url))["token_usage"] is not None and e)
+        assert entry["stages"] == [{"stage": "engine", "unit": "requests", "limit": 24}]
+        assert entry["token_usage"] == 0.0
+    finally:
+        procs.close()

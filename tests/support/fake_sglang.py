@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,9 @@ class Behaviour:
     fail_status: int | None = None  # answer every POST with this status
     drop_after: int | None = None  # drop the connection after this many content chunks
     healthy: bool = True
+    dp_ranks: int = 1  # data-parallel ranks the metrics and /server_info report
+    # the settings routes it has: 0.5.9 serves both, older servers only the second
+    info_routes: tuple[str, ...] = ("/server_info", "/get_server_info")
 
 
 @dataclass
@@ -29,6 +32,8 @@ class Record:
     received: list[dict[str, Any]] = field(default_factory=list)
     aborted: list[tuple[str, float]] = field(default_factory=list)
     completed: int = 0
+    info_calls: dict[str, int] = field(default_factory=dict)  # settings route → times asked
+    metrics_calls: int = 0
 
 
 def chunk(
@@ -152,14 +157,41 @@ def make_app(
         return Response(status_code=200 if b.healthy else 503)
 
     async def metrics(request: Request) -> Response:
-        text = (
-            '# TYPE sglang:token_usage gauge\nsglang:token_usage{model_name="m"} 0.25\n'
-            '# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name="m"} 3\n'
+        """Per DP rank r: KV use 0.25 + 0.5·r, 3 + 2·r running (labelled with the rank when DP > 1)."""
+        rec.metrics_calls += 1
+        ranks = [
+            'model_name="m",tp_rank="0"' + (f',dp_rank="{r}"' if b.dp_ranks > 1 else "")
+            for r in range(b.dp_ranks)
+        ]
+        usage = [f"sglang:token_usage{{{labels}}} {0.25 + 0.5 * r}" for r, labels in enumerate(ranks)]
+        running = [f"sglang:num_running_reqs{{{labels}}} {3 + 2 * r}" for r, labels in enumerate(ranks)]
+        text = "\n".join(
+            ["# TYPE sglang:token_usage gauge", *usage, "# TYPE sglang:num_running_reqs gauge", *running]
         )
-        return Response(text, media_type="text/plain")
+        return Response(text + "\n", media_type="text/plain")
 
-    async def server_info(request: Request) -> Response:
-        return JSONResponse({"max_total_num_tokens": 1000, "max_running_requests": 16})
+    def settings(path: str) -> Callable[[Request], Awaitable[Response]]:
+        async def answer(request: Request) -> Response:
+            rec.info_calls[path] = rec.info_calls.get(path, 0) + 1
+            if path not in b.info_routes:
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
+            if b.info_routes == ("/get_server_info",):  # an older server: no per-rank states
+                return JSONResponse({"max_total_num_tokens": 1000, "max_running_requests": 16})
+            ranks = [
+                {"memory_usage": {"token_capacity": 1000}, "effective_max_running_requests_per_dp": 16}
+                for _ in range(b.dp_ranks)
+            ]
+            return JSONResponse(
+                {
+                    "max_total_num_tokens": 1000,
+                    "max_running_requests": None,
+                    "dp_size": b.dp_ranks,
+                    "internal_states": ranks,
+                    "version": "0.5.9",
+                }
+            )
+
+        return answer
 
     app = Starlette(
         routes=[
@@ -167,7 +199,8 @@ def make_app(
             Route("/v1/completions", chat, methods=["POST"]),
             Route("/health", health),
             Route("/metrics", metrics),
-            Route("/get_server_info", server_info),
+            Route("/server_info", settings("/server_info")),
+            Route("/get_server_info", settings("/get_server_info")),
         ]
     )
     return app, b, rec

@@ -1,5 +1,9 @@
 """The plain SGLang server (`kind: sglang`): OpenAI routes, `sglang:*` metrics, one batching engine.
 
+Probes: `/health` every tick; when healthy, `/metrics` (`sglang:*` gauges, combined over data-parallel
+ranks) every tick and the server's settings (`/server_info`, or `/get_server_info` on servers older than
+0.5.9) once per healthy spell.
+
 Shaping: the body goes as the client sent it, except `priority`, which is the gateway's to set — the
 dispatch's engine priority on a pool whose engines schedule by priority (`priority_scheduling`), removed
 otherwise (a client's own would bypass the gateway's caps).
@@ -19,7 +23,7 @@ import orjson
 
 from gateway.backends.kinds.base import PROBE_TIMEOUT, BackendKind, Capacity, Stage, StageUnit, Verdict
 from gateway.backends.kinds.errors import upstream_error
-from gateway.backends.kinds.sglang_scrape import apply_metrics_text, apply_server_info
+from gateway.backends.kinds.sglang_scrape import INFO_ROUTES, apply_metrics_text, apply_server_info
 from gateway.backends.state import BackendState
 from gateway.config import PoolConfig
 from gateway.errors import ApiError
@@ -39,6 +43,7 @@ class SGLang(BackendKind):
 
     def __init__(self, config: PoolConfig) -> None:
         self.priority_scheduling = config.priority_scheduling
+        self._informed: set[str] = set()  # backends whose /server_info was read since they became healthy
 
     def payload(self, body: dict[str, Any], engine_priority: int) -> bytes:
         if self.priority_scheduling:
@@ -54,25 +59,38 @@ class SGLang(BackendKind):
             async with session.get(state.url + "/health", timeout=PROBE_TIMEOUT) as resp:
                 healthy = resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
+            healthy = False
+        if not healthy:
+            self._informed.discard(state.url)  # a server that comes back may have been restarted
             return False
-        if healthy:
-            await self._scrape(session, state, clock)
-        return healthy
+        await self._scrape(session, state, clock)
+        return True
 
     async def _scrape(
         self, session: aiohttp.ClientSession, state: BackendState, clock: Callable[[], float]
     ) -> None:
         try:
-            if state.max_total_tokens is None:
-                async with session.get(state.url + "/get_server_info", timeout=PROBE_TIMEOUT) as info:
-                    if info.status == 200:
-                        apply_server_info(state, orjson.loads(await info.read()))
+            if state.url not in self._informed:
+                await self._server_info(session, state)
             async with session.get(state.url + "/metrics", timeout=PROBE_TIMEOUT) as resp:
                 if resp.status == 200:
                     apply_metrics_text(state, (await resp.read()).decode("utf-8", "replace"))
                     state.last_scrape = clock()
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError) as e:
             log.debug("scrape of %s failed: %s", state.name, e)
+
+    async def _server_info(self, session: aiohttp.ClientSession, state: BackendState) -> None:
+        """Read the server's settings once per healthy spell (they change only with a restart), from the
+        first of `INFO_ROUTES` the server has."""
+        for route in INFO_ROUTES:
+            async with session.get(state.url + route, timeout=PROBE_TIMEOUT) as resp:
+                if resp.status == 404:
+                    continue
+                if resp.status != 200:
+                    return  # asked again next tick
+                apply_server_info(state, orjson.loads(await resp.read()))
+                break
+        self._informed.add(state.url)
 
     def judge(self, error: UpstreamError) -> Verdict:
         return judge_status(error)
