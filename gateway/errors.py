@@ -73,6 +73,7 @@ class ErrorCode(StrEnum):
     BACKEND_FIRST_BYTE = "backend_first_byte"
     BACKEND_TOTAL_TIMEOUT = "backend_total_timeout"
     UPSTREAM_ERROR = "upstream_error"
+    BACKEND_REQUEST_FAILED = "backend_request_failed"  # a healthy backend failed this one request
     INTERNAL_ERROR = "internal_error"
 
 

@@ -74,7 +74,8 @@ class LiveState:
 
     def admin_state(self) -> dict[str, Any]:
         """`/admin/state`: per pool its kind and its scheduler's snapshot, each backend with its health,
-        scrape and capacity model (its stages and their limits, as its kind reads them)."""
+        scrape, the load signals it has not given (and what admission does without them) and capacity
+        model (its stages and their limits, as its kind reads them)."""
         out: dict[str, Any] = {"pools": {}}
         for name, pool in self.pools.items():
             snap = self.schedulers[name].snapshot()
@@ -86,6 +87,7 @@ class LiveState:
                     token_usage=b.token_usage,
                     running=b.running_reqs,
                     queued=b.queue_reqs,
+                    missing_signals=pool.kind.missing_signals(b),
                     stages=[
                         {"stage": s.name, "unit": s.unit, "limit": s.limit}
                         for s in pool.kind.capacity(b).stages

@@ -226,7 +226,7 @@ class CompletionEndpoint:
                         stream=ticket.stream,
                     )
             except UpstreamError as e:
-                verdict = owner.kind.judge(e)
+                verdict = owner.kind.judge(e, backend)
                 ended = Outcome.OVERLOADED if verdict.overloaded else Outcome.UPSTREAM_ERROR
                 lease.release(Usage(0, 0), ended)
                 metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend, e.label).inc()
@@ -267,6 +267,22 @@ class CompletionEndpoint:
             if ticket.stream:
                 lease.started()  # the first byte of a stream comes with the first token
             return upstream, lease
+
+    def _failed(self, ticket: Ticket, pool: Pool, lease: Lease, e: UpstreamError) -> ApiError:
+        """A relay that ended without its answer: the outcome and the circuit as the backend's kind judges
+        it (a server that cuts a failed request's stream counts against the request, not itself), and the
+        error the client's stream ends with."""
+        owner = self.gw.pools[lease.backend.pool]
+        verdict = owner.kind.judge(e, lease.backend)
+        if isinstance(e, UpstreamTimeout):
+            ticket.outcome = Outcome.TIMEOUT
+        else:
+            ticket.outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
+        ticket.error, ticket.error_status = verdict.error.message, verdict.error.status
+        metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", e.label).inc()
+        if verdict.backend_fault:
+            owner.record_failure(lease.backend)
+        return verdict.error
 
     def _response_headers(self, ticket: Ticket) -> list[tuple[bytes, bytes]]:
         return [(k.encode(), v.encode()) for k, v in client_headers(ticket).items()]
@@ -324,14 +340,10 @@ class CompletionEndpoint:
                     dog.reading()
             tail = relay.flush()
             if not relay.done:
-                cut = TruncatedStream("Backend closed the stream before it finished.")
-                ticket.outcome, ticket.error_status, ticket.error = (
-                    Outcome.UPSTREAM_ERROR,
-                    cut.status,
-                    cut.message,
+                cut = self._failed(
+                    ticket, pool, lease, TruncatedStream("Backend closed the stream before it finished.")
                 )
-                tail += error_event(cut.message)
-                metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", cut.label).inc()
+                tail += error_event(cut.message, cut.status)
             elif relay.error:
                 ticket.outcome = Outcome.UPSTREAM_ERROR
                 ticket.error = str(relay.error.get("message") or "backend error event")
@@ -341,13 +353,8 @@ class CompletionEndpoint:
                 ticket.outcome = Outcome.OK
             await ex.finish(tail)
         except UpstreamError as e:
-            ticket.outcome = Outcome.TIMEOUT if isinstance(e, UpstreamTimeout) else Outcome.UPSTREAM_ERROR
-            ticket.error, ticket.error_status = e.message, e.status
-            metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", e.label).inc()
-            owner = self.gw.pools[lease.backend.pool]
-            if owner.kind.judge(e).backend_fault:
-                owner.record_failure(lease.backend)
-            await ex.finish(relay.flush() + error_event(e.message, e.status))
+            cut = self._failed(ticket, pool, lease, e)
+            await ex.finish(relay.flush() + error_event(cut.message, cut.status))
         finally:
             ticket.first_token_at = relay.first_token_at
             ticket.last_token_at = relay.last_token_at

@@ -19,6 +19,7 @@ Failures are a small class hierarchy in the manner of httpx's exceptions, so cal
     │                             means — retry, the backend's fault — is its kind's to judge)
     └── UpstreamProtocolError     502: the exchange broke
         ├── BrokenBeforeFirstByte before the first byte (retryable)
+        │   └── CutAfterHeaders   the backend answered 200, then closed before the first body byte
         ├── BrokenMidStream       mid-stream, after bytes reached the client
         └── TruncatedStream       the stream ended without its final event
 
@@ -103,6 +104,11 @@ class UpstreamProtocolError(UpstreamError):
 
 class BrokenBeforeFirstByte(UpstreamProtocolError):
     label, retryable, code = "first_byte", True, ErrorCode.BACKEND_FIRST_BYTE
+
+
+class CutAfterHeaders(BrokenBeforeFirstByte):
+    """The backend sent its 200 and closed before any body: a server whose stream fails before its first
+    event (sglang-omni) ends it so."""
 
 
 class BrokenMidStream(UpstreamProtocolError):
@@ -243,9 +249,14 @@ async def open_upstream(
             )
             if response.status != 200:
                 raise UpstreamStatusError(response.status, await response.read())
-            first = await (response.content.readany() if stream else response.read())
+            try:
+                first = await (response.content.readany() if stream else response.read())
+            except aiohttp.ClientPayloadError as e:
+                raise CutAfterHeaders(
+                    f"Backend closed the answer before its first byte: {type(e).__name__}."
+                ) from None
             if stream and not first:
-                raise BrokenBeforeFirstByte("Backend closed the stream before sending anything.")
+                raise CutAfterHeaders("Backend closed the stream before sending anything.")
         return OpenUpstream(response, first, deadline)
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
         _close(response)

@@ -31,6 +31,7 @@ class BackendState:
     token_usage: float | None = None
     running_reqs: int | None = None
     queue_reqs: int | None = None
+    detached_reqs: int | None = None  # requests it runs for which no client waits any more (sglang-omni)
     last_scrape: float = 0.0
 
     def __post_init__(self) -> None:

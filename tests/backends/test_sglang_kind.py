@@ -34,6 +34,10 @@ def _sglang(**kw: object) -> SGLang:
     return kind
 
 
+def _state() -> BackendState:
+    return BackendState(url="http://b:1", pool="p")
+
+
 def test_the_pool_kind_names_the_adapter() -> None:
     assert _pool().kind == "sglang"
     assert adapter_for(_pool()).name == "sglang"
@@ -64,7 +68,7 @@ SGLANG_ERROR = orjson.dumps(
         (413, 413, False, False, False, True),
         (422, 422, False, False, False, True),
         (429, 429, False, False, True, False),
-        (409, 502, False, False, False, True),
+        (409, 409, False, False, False, True),
         (500, 502, True, True, False, False),
         (501, 502, False, True, False, False),
         (502, 502, True, True, False, False),
@@ -75,7 +79,7 @@ SGLANG_ERROR = orjson.dumps(
 def test_status_answers(
     status: int, mapped: int, retry: bool, backend_fault: bool, overloaded: bool, client_fault: bool
 ) -> None:
-    verdict = _sglang().judge(UpstreamStatusError(status, SGLANG_ERROR))
+    verdict = _sglang().judge(UpstreamStatusError(status, SGLANG_ERROR), _state())
     assert (verdict.retry, verdict.backend_fault, verdict.overloaded, verdict.client_fault) == (
         retry,
         backend_fault,
@@ -101,7 +105,7 @@ def test_status_answers(
     ],
 )
 def test_transport_failures_are_the_backends_fault(error, status: int, code: ErrorCode, retry: bool) -> None:
-    verdict = _sglang().judge(error)
+    verdict = _sglang().judge(error, _state())
     assert (verdict.retry, verdict.backend_fault, verdict.overloaded, verdict.client_fault) == (
         retry,
         True,

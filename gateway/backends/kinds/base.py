@@ -4,7 +4,8 @@ The pipeline and admission never branch on a pool's `kind`; they ask its adapter
 from the pool's config (`gateway.backends.kinds.adapter_for`). An adapter owns what differs between servers:
 
 - request shaping (`payload`): the validated, priced client body as this server takes it;
-- load signals (`probe`): health and scrapes, written onto the `BackendState` the dispatcher reads;
+- load signals (`probe`): health and scrapes, written onto the `BackendState` the dispatcher reads; the
+  signals a backend has not given are named (`missing_signals`, shown on `/admin/state`);
 - error mapping (`judge`): what an upstream failure means — try another backend? the backend's fault (the
   circuit breaker counts it)? an overload answer? the client's fault? — and the OpenAI error the client gets;
 - capacity (`capacity`, `stages_of`): the stages a backend's work passes through, each with its limit and
@@ -16,10 +17,11 @@ from the pool's config (`gateway.backends.kinds.adapter_for`). An adapter owns w
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 import aiohttp
 
@@ -38,6 +40,33 @@ class StageUnit(StrEnum):
     REQUESTS = "requests"  # requests running in it at once (a continuous-batching engine's cap)
     AUDIO_SECONDS_PER_S = "audio_seconds_per_s"  # audio it produces per wall second (a serial vocoder)
     ITEMS_PER_BATCH = "items_per_batch"  # media items it encodes in one batch (an encoder)
+
+
+class Signal(StrEnum):
+    """A load signal admission reads from a backend when its kind provides it."""
+
+    KV_CAPACITY = "kv_capacity"  # the KV pool's size
+    KV_USAGE = "kv_usage"  # KV in use, all clients
+    RUNNING = "running"  # requests the backend runs, all clients
+    QUEUED = "queued"  # requests waiting inside the backend
+
+
+WITHOUT: dict[Signal, str] = {
+    Signal.KV_CAPACITY: "the KV watermark is off",
+    Signal.KV_USAGE: "KV in use counts only the gateway's own reservations",
+    Signal.RUNNING: "other clients' requests are not seen",
+    Signal.QUEUED: "the backend's own queue is not seen",
+}
+"""What admission does without each signal: it runs on its own accounting."""
+
+
+def present(state: BackendState) -> dict[Signal, bool]:
+    return {
+        Signal.KV_CAPACITY: state.max_total_tokens is not None,
+        Signal.KV_USAGE: state.used_tokens is not None or state.token_usage is not None,
+        Signal.RUNNING: state.running_reqs is not None,
+        Signal.QUEUED: state.queue_reqs is not None,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +110,20 @@ class Verdict:
 
 
 class BackendKind(abc.ABC):
-    """One adapter per pool; `name` is the pool config's `kind`."""
+    """One adapter per pool; `name` is the pool config's `kind`. `unavailable` names the signals this kind
+    of server never gives, and why."""
 
     name: str
+    unavailable: ClassVar[Mapping[Signal, str]] = MappingProxyType({})
+
+    def missing_signals(self, state: BackendState) -> dict[str, str]:
+        """Each load signal the backend has not given, with why and what admission does without it."""
+        why = self.unavailable
+        return {
+            signal.value: f"{why.get(signal, 'not read from the backend yet')}: {WITHOUT[signal]}"
+            for signal, known in present(state).items()
+            if not known
+        }
 
     @abc.abstractmethod
     def payload(self, body: dict[str, Any], engine_priority: int) -> bytes:
@@ -98,8 +138,8 @@ class BackendKind(abc.ABC):
         healthy. Never raises for a failed scrape: a missing signal stays as it was."""
 
     @abc.abstractmethod
-    def judge(self, error: UpstreamError) -> Verdict:
-        """What an upstream failure (before or during the relay) means for this server."""
+    def judge(self, error: UpstreamError, backend: BackendState) -> Verdict:
+        """What an upstream failure (before or during the relay) on `backend` means for this server."""
 
     @abc.abstractmethod
     def capacity(self, state: BackendState) -> Capacity:
@@ -110,3 +150,15 @@ class BackendKind(abc.ABC):
         """The names of the stages that this priced request holds while it runs, in pipeline order. A
         stage a backend lacks (absent from its `capacity`, e.g. the talker of a text-only pipeline) is
         not held there."""
+
+
+def exchange_failed(error: UpstreamError) -> Verdict:
+    """A failed exchange (no connection, a deadline, a broken or cut stream) is the backend's fault: another
+    backend may serve the request while nothing has reached the client."""
+    return Verdict(
+        error=ApiError(error.status, error.message, code=error.code),
+        retry=error.retryable,
+        backend_fault=True,
+        overloaded=False,
+        client_fault=False,
+    )

@@ -21,12 +21,19 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.backends.kinds.base import PROBE_TIMEOUT, BackendKind, Capacity, Stage, StageUnit, Verdict
+from gateway.backends.kinds.base import (
+    PROBE_TIMEOUT,
+    BackendKind,
+    Capacity,
+    Stage,
+    StageUnit,
+    Verdict,
+    exchange_failed,
+)
 from gateway.backends.kinds.errors import upstream_error
 from gateway.backends.kinds.sglang_scrape import INFO_ROUTES, apply_metrics_text, apply_server_info
 from gateway.backends.state import BackendState
 from gateway.config import PoolConfig
-from gateway.errors import ApiError
 from gateway.proxy import UpstreamError, UpstreamStatusError
 from gateway.ticket import Ticket
 
@@ -92,32 +99,20 @@ class SGLang(BackendKind):
                 break
         self._informed.add(state.url)
 
-    def judge(self, error: UpstreamError) -> Verdict:
-        return judge_status(error)
+    def judge(self, error: UpstreamError, backend: BackendState) -> Verdict:
+        if isinstance(error, UpstreamStatusError):
+            status = error.status
+            return Verdict(
+                error=upstream_error(status, error.body),
+                retry=status in RETRYABLE_STATUS,
+                backend_fault=status >= 500,
+                overloaded=status in OVERLOAD_STATUS,
+                client_fault=400 <= status < 500 and status != 429,
+            )
+        return exchange_failed(error)
 
     def capacity(self, state: BackendState) -> Capacity:
         return Capacity((Stage(ENGINE, StageUnit.REQUESTS, state.max_running_requests),))
 
     def stages_of(self, ticket: Ticket) -> tuple[str, ...]:
         return _ENGINE_ONLY
-
-
-def judge_status(error: UpstreamError) -> Verdict:
-    """SGLang's reading of a failure: a 4xx is the request's, a 5xx the server's (another backend may
-    serve it), 429/503 overload answers; a failed exchange is the backend's."""
-    if isinstance(error, UpstreamStatusError):
-        status = error.status
-        return Verdict(
-            error=upstream_error(status, error.body),
-            retry=status in RETRYABLE_STATUS,
-            backend_fault=status >= 500,
-            overloaded=status in OVERLOAD_STATUS,
-            client_fault=400 <= status < 500 and status != 429,
-        )
-    return Verdict(
-        error=ApiError(error.status, error.message, code=error.code),
-        retry=error.retryable,
-        backend_fault=True,
-        overloaded=False,
-        client_fault=False,
-    )

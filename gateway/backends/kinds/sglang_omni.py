@@ -7,28 +7,56 @@ measured). Every request holds the thinker; one with media the encoder; one that
 code2wav — in the snapshot every request of the speech pipeline does, since it fans every request out to the
 talker and only its HTTP layer drops the audio. A backend serving the text-only pipeline (no `talker_ar`
 among the stages its `/health` lists) has no talker and no code2wav.
+
+Load signals: the coordinator's snapshot in the `/health` JSON every tick — `total_requests` (every request
+the pipeline still runs, all clients, also those whose client left) and `pending_completions` (those a
+handler still waits for) — and the stages it lists. `/metrics` (`--enable-metrics`, `sglang_omni_*`) carries
+the same snapshot; it is read only when a /health body lacks the counts. The server has no KV and no queue
+signal: admission runs on its own accounting there, and `/admin/state` says so.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import aiohttp
 import orjson
 
-from gateway.backends.kinds.base import PROBE_TIMEOUT, BackendKind, Capacity, Stage, StageUnit, Verdict
-from gateway.backends.kinds.sglang import judge_status
+from gateway.backends.kinds.base import (
+    PROBE_TIMEOUT,
+    BackendKind,
+    Capacity,
+    Signal,
+    Stage,
+    StageUnit,
+    Verdict,
+    exchange_failed,
+)
+from gateway.backends.kinds.errors import upstream_error
+from gateway.backends.kinds.sglang import OVERLOAD_STATUS, RETRYABLE_STATUS
+from gateway.backends.kinds.sglang_omni_scrape import read_omni_metrics
 from gateway.backends.state import BackendState
 from gateway.config import OmniVersion, PoolConfig
-from gateway.proxy import UpstreamError
+from gateway.errors import ApiError, ErrorCode
+from gateway.proxy import (
+    BrokenMidStream,
+    CutAfterHeaders,
+    TruncatedStream,
+    UpstreamError,
+    UpstreamStatusError,
+)
 from gateway.ticket import Ticket
 
 log = logging.getLogger("omnigate.backends")
 
 ENCODER, THINKER, TALKER, CODE2WAV = "encoder", "thinker", "talker", "code2wav"
 TALKER_STAGE = "talker_ar"  # the server's name of the talker stage in /health `stages`
+CUT = (CutAfterHeaders, BrokenMidStream, TruncatedStream)
+"""How a stream whose request fails ends on sglang-omni: its handler has sent the 200 before the pipeline
+runs, and a failure then closes the connection — no error event, no [DONE]."""
 DEFAULT_CAPS: dict[OmniVersion, tuple[int, int]] = {"snapshot": (16, 16), "later": (64, 32)}
 """(thinker, talker) `max_running_requests` per version: `server_args_builder.py` at the snapshot; later
 #1024 / #1135 (thinker 64) and #847 (talker 32)."""
@@ -36,6 +64,13 @@ DEFAULT_CAPS: dict[OmniVersion, tuple[int, int]] = {"snapshot": (16, 16), "later
 
 class SGLangOmni(BackendKind):
     name = "sglang-omni"
+    unavailable = MappingProxyType(
+        {
+            Signal.KV_CAPACITY: "sglang-omni exposes no KV signal",
+            Signal.KV_USAGE: "sglang-omni exposes no KV signal",
+            Signal.QUEUED: "sglang-omni does not report its stages' queues",
+        }
+    )
 
     def __init__(self, config: PoolConfig) -> None:
         server = config.sglang_omni
@@ -45,6 +80,7 @@ class SGLangOmni(BackendKind):
         self.talker_cap = server.talker_max_running_requests or talker
         self.every_request_speaks = server.version == "snapshot"
         self._stages: dict[str, tuple[str, ...]] = {}  # url → the stages its /health lists
+        self._no_metrics: set[str] = set()  # backends without /metrics, until they are down once
 
     def payload(self, body: dict[str, Any], engine_priority: int) -> bytes:
         body.pop("priority", None)  # the server has no priority; the gateway's order is the only one
@@ -55,27 +91,84 @@ class SGLangOmni(BackendKind):
     ) -> bool:
         try:
             async with session.get(state.url + "/health", timeout=PROBE_TIMEOUT) as resp:
-                raw = await resp.read()
-                healthy = resp.status == 200
+                healthy, raw = resp.status == 200, await resp.read()
         except (aiohttp.ClientError, TimeoutError):
+            healthy, raw = False, b""
+        if not healthy:
+            self._no_metrics.discard(state.url)  # a server that comes back may have been restarted
             return False
-        if healthy:
-            self._read_health(state, raw)
-        return healthy
+        if not self._read_health(state, raw) and state.url not in self._no_metrics:
+            try:
+                await self._scrape(session, state, clock)
+            except (aiohttp.ClientError, TimeoutError) as e:
+                log.debug("scrape of %s failed: %s", state.name, e)
+        return True
 
-    def _read_health(self, state: BackendState, raw: bytes) -> None:
+    def _read_health(self, state: BackendState, raw: bytes) -> bool:
+        """The coordinator's snapshot from a /health body; True when it held the request counts."""
         try:
             info = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            return
+            return False
         if not isinstance(info, dict):
-            return
+            return False
         stages = info.get("stages")
         if isinstance(stages, list):
             self._stages[state.url] = tuple(str(s) for s in stages)
+        return _apply_counts(state, info.get("total_requests"), info.get("pending_completions"))
 
-    def judge(self, error: UpstreamError) -> Verdict:
-        return judge_status(error)
+    async def _scrape(
+        self, session: aiohttp.ClientSession, state: BackendState, clock: Callable[[], float]
+    ) -> None:
+        """The same snapshot from `/metrics` (`--enable-metrics`), for a /health body without it."""
+        async with session.get(state.url + "/metrics", timeout=PROBE_TIMEOUT) as resp:
+            if resp.status == 404:
+                self._no_metrics.add(state.url)
+                return
+            if resp.status != 200:
+                return
+            text = (await resp.read()).decode("utf-8", "replace")
+        try:
+            gauges = read_omni_metrics(text)
+        except ValueError as e:
+            log.debug("scrape of %s failed: %s", state.name, e)
+            return
+        if gauges.stages:
+            self._stages[state.url] = gauges.stages
+        if _apply_counts(state, gauges.tracked, gauges.pending):
+            state.last_scrape = clock()
+
+    def judge(self, error: UpstreamError, backend: BackendState) -> Verdict:
+        if isinstance(error, UpstreamStatusError):
+            return self._answered(error, backend)
+        if isinstance(error, CUT) and backend.healthy:
+            return _own_failure(
+                ApiError(
+                    422,
+                    "The backend cut the stream: the request failed there (sglang-omni gives no reason).",
+                    code=ErrorCode.BACKEND_REQUEST_FAILED,
+                )
+            )
+        return exchange_failed(error)
+
+    def _answered(self, error: UpstreamStatusError, backend: BackendState) -> Verdict:
+        status = error.status
+        mapped = upstream_error(status, error.body)
+        if status == 500 and backend.healthy:
+            return _own_failure(
+                ApiError(
+                    422,
+                    f"The backend could not process this request: {mapped.message}",
+                    code=ErrorCode.BACKEND_REQUEST_FAILED,
+                )
+            )
+        if status in OVERLOAD_STATUS:  # later servers: 503 "The request queue is full." (#1449), 429 (#772)
+            return Verdict(mapped, retry=True, backend_fault=False, overloaded=True, client_fault=False)
+        if status < 500:
+            return _own_failure(mapped)
+        return Verdict(
+            mapped, retry=status in RETRYABLE_STATUS, backend_fault=True, overloaded=False, client_fault=False
+        )
 
     def speaks(self, state: BackendState) -> bool:
         """The backend runs the speech pipeline (assumed until its /health lists its stages)."""
@@ -100,3 +193,20 @@ class SGLangOmni(BackendKind):
         if ticket.voice is not None or self.every_request_speaks:
             held += (TALKER, CODE2WAV)
         return tuple(held)
+
+
+def _apply_counts(state: BackendState, tracked: Any, pending: Any) -> bool:
+    """Requests the pipeline tracks (every client's, until all their terminal stages are done, whether or
+    not anyone still listens) and, of those, the ones no handler waits for: a stream whose client left."""
+    if not isinstance(tracked, int) or isinstance(tracked, bool) or tracked < 0:
+        return False
+    state.running_reqs = tracked
+    if isinstance(pending, int) and not isinstance(pending, bool):
+        state.detached_reqs = max(0, tracked - pending)
+    return True
+
+
+def _own_failure(error: ApiError) -> Verdict:
+    """The request's own failure: not tried elsewhere (it would fail there the same way, after costing
+    that backend's encoders and thinker), not the backend's fault, the client's outcome."""
+    return Verdict(error, retry=False, backend_fault=False, overloaded=False, client_fault=True)
