@@ -88,6 +88,7 @@ class LiveState:
                     running=b.running_reqs,
                     queued=b.queue_reqs,
                     missing_signals=pool.kind.missing_signals(b),
+                    held=pool.holds.count(b.url),
                     stages=[
                         {"stage": s.name, "unit": s.unit, "limit": s.limit}
                         for s in pool.kind.capacity(b).stages

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -178,12 +179,32 @@ class CompletionEndpoint:
                 await self._send_whole(ex, ticket, upstream)
         finally:
             upstream.close()
-            self._release(ticket, lease)
+            self._release(ticket, lease, deadlines)
 
-    def _release(self, ticket: Ticket, lease: Lease) -> None:
-        """Return the backend's budgets; the lease feeds the controller and the prefill-rate estimate."""
+    def _release(self, ticket: Ticket, lease: Lease, deadlines: Deadlines) -> None:
+        """Return the backend's budgets; the lease feeds the controller and the prefill-rate estimate. An
+        answer the gateway left unfinished (the client left, a deadline passed) may still run there."""
         ttft, tpot = engine_latencies(ticket)
-        lease.release(ticket.usage, ticket.outcome, ttft, tpot)
+        left = ticket.outcome in (Outcome.PENDING, Outcome.TIMEOUT)
+        self._end(lease, deadlines, left, ticket.usage, ticket.outcome, ttft, tpot)
+
+    def _end(
+        self,
+        lease: Lease,
+        deadlines: Deadlines,
+        left: bool,
+        usage: Usage | None,
+        outcome: Outcome,
+        ttft: float | None = None,
+        tpot: float | None = None,
+    ) -> None:
+        """Give the lease back — unless the gateway `left` a request whose server runs on without it (its
+        kind says so): the owner pool then holds the release until the server shows the request finished or
+        its predicted end passes (gateway/backends/holds.py)."""
+        owner = self.gw.pools[lease.backend.pool]
+        release = functools.partial(lease.release, usage, outcome, ttft, tpot)
+        if not (left and owner.hold(lease.backend, lease.ticket, release, deadlines.total)):
+            release()
 
     async def _open(
         self,
@@ -228,7 +249,7 @@ class CompletionEndpoint:
             except UpstreamError as e:
                 verdict = owner.kind.judge(e, backend)
                 ended = Outcome.OVERLOADED if verdict.overloaded else Outcome.UPSTREAM_ERROR
-                lease.release(Usage(0, 0), ended)
+                self._end(lease, deadlines, isinstance(e, UpstreamTimeout), Usage(0, 0), ended)
                 metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend, e.label).inc()
                 if verdict.backend_fault:
                     owner.record_failure(backend)
@@ -249,12 +270,12 @@ class CompletionEndpoint:
                 ticket.outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
                 raise verdict.error from None
             except BaseException:
-                lease.release(Usage(0, 0), Outcome.CANCELLED)
+                self._end(lease, deadlines, True, Usage(0, 0), Outcome.CANCELLED)
                 raise
             finally:
                 lease.disarm()
             if revocable is not None and revocable.cancelled_caught:
-                lease.release(Usage(0, 0), Outcome.REVOKED)
+                self._end(lease, deadlines, True, Usage(0, 0), Outcome.REVOKED)
                 requeued = True
                 if lease.loan:  # the lender's own requests wait for the backend: queue in our own pool
                     metrics.LOANS_REVOKED.labels(pool.name).inc()

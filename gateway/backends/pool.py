@@ -1,5 +1,6 @@
-"""A pool of backends of one kind: one shared aiohttp session, live backend state, and the health-check loop
-that asks the kind's adapter to probe each backend."""
+"""A pool of backends of one kind: one shared aiohttp session, live backend state, the health-check loop
+that asks the kind's adapter to probe each backend, and the holds on requests a server runs on after the
+gateway left them (`holds.py`), settled after each probe."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import aiohttp
 import anyio
 
 from gateway.backends import circuit
+from gateway.backends.holds import Hold, Holds, predicted_end
 from gateway.backends.kinds import adapter_for
 from gateway.backends.state import BackendState
 from gateway.config import PoolConfig
+from gateway.ticket import Ticket
 
 log = logging.getLogger("omnigate.backends")
 
@@ -36,6 +39,7 @@ class Pool:
         ]
         self.client: aiohttp.ClientSession | None = None
         self._probe: aiohttp.ClientSession | None = None
+        self.holds = Holds(grace_s=config.health_interval_s)
 
     async def start(self) -> None:
         """Open the sessions; timeouts come per request from the live policy (gateway/proxy.py)."""
@@ -43,6 +47,7 @@ class Pool:
         self._probe = _session(len(self.backends) * 2)
 
     async def close(self) -> None:
+        self.holds.release_all()
         for c in (self.client, self._probe):
             if c is not None:
                 await c.close()
@@ -56,6 +61,18 @@ class Pool:
     def record_failure(self, state: BackendState) -> None:
         circuit.record_failure(state, self._clock())
 
+    def hold(self, state: BackendState, ticket: Ticket, release: Callable[[], None], total_s: float) -> bool:
+        """Keep the budgets of a request the gateway walked away from charged while the server runs it on
+        (`holds.py`); False when the backend's kind stops such a request (then release it now). `total_s`:
+        its total deadline from dispatch, the latest its hold lasts."""
+        if not self.kind.runs_on(ticket):
+            return False
+        now = self._clock()
+        latest = (ticket.dispatched_at if ticket.dispatched_at is not None else now) + total_s
+        until = predicted_end(ticket, now, latest, self.kind.ends_with_text(ticket))
+        self.holds.add(state.url, Hold(release, ticket.stream, now, until))
+        return True
+
     async def monitor(self) -> None:
         """Health-check and scrape every backend forever (cancelled at shutdown)."""
         while True:
@@ -67,10 +84,12 @@ class Pool:
     async def check(self, state: BackendState) -> None:
         assert self._probe is not None
         circuit.refresh(state, self._clock())
+        sent = self._clock()
         healthy = await self.kind.probe(self._probe, state, self._clock)
         if healthy != state.healthy:
             log.warning("backend %s %s", state.name, "healthy" if healthy else "unhealthy")
         state.healthy = healthy
+        self.holds.settle(state, self._clock(), sent if healthy else None)
 
 
 def _session(max_connections: int) -> aiohttp.ClientSession:

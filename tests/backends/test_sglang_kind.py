@@ -128,3 +128,7 @@ def test_capacity_is_one_engine_stage_limited_by_what_the_server_reported() -> N
 def test_every_request_holds_the_engine() -> None:
     ticket = Ticket(id="r", model="m", stream=True, arrival=0.0)
     assert _sglang().stages_of(ticket) == ("engine",)
+
+
+def test_sglang_aborts_what_its_client_leaves() -> None:
+    assert not _sglang().runs_on(Ticket(id="r", model="m", stream=False, arrival=0.0))

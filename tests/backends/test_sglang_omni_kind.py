@@ -282,3 +282,12 @@ sglang_omni_http_requests_total{method="GET",model_name="m",route="/health",stat
 def test_the_metrics_carry_the_same_snapshot() -> None:
     assert read_omni_metrics(OMNI_METRICS) == OmniGauges(tracked=4, pending=3, stages=("thinker",))
     assert read_omni_metrics("") == OmniGauges()
+
+
+def test_what_runs_on_after_the_client_leaves() -> None:
+    snapshot, later = _omni(version="snapshot"), _omni(version="later")
+    stream, whole = _ticket(), Ticket(id="w", model="m", stream=False, arrival=0.0)
+    assert (snapshot.runs_on(stream), snapshot.runs_on(whole)) == (True, True)  # it never aborts
+    assert (later.runs_on(stream), later.runs_on(whole)) == (False, True)  # it aborts streams only
+    assert not snapshot.ends_with_text(stream)  # the talker speaks every answer there
+    assert later.ends_with_text(stream) and not later.ends_with_text(_ticket(voice="default"))

@@ -8,6 +8,7 @@ from the pool's config (`gateway.backends.kinds.adapter_for`). An adapter owns w
   signals a backend has not given are named (`missing_signals`, shown on `/admin/state`);
 - error mapping (`judge`): what an upstream failure means — try another backend? the backend's fault (the
   circuit breaker counts it)? an overload answer? the client's fault? — and the OpenAI error the client gets;
+- cancellation (`runs_on`): whether the server stops a request when its connection closes;
 - capacity (`capacity`, `stages_of`): the stages a backend's work passes through, each with its limit and
   unit, and which of them one request holds while it runs. Plain SGLang is one stage, `engine`; a staged
   server (SGLang-Omni) lists e.g. `encoder`, `thinker`, `talker`, `code2wav` in pipeline order, so
@@ -140,6 +141,16 @@ class BackendKind(abc.ABC):
     @abc.abstractmethod
     def judge(self, error: UpstreamError, backend: BackendState) -> Verdict:
         """What an upstream failure (before or during the relay) on `backend` means for this server."""
+
+    @abc.abstractmethod
+    def runs_on(self, ticket: Ticket) -> bool:
+        """Whether the server goes on running this request after the gateway closes its connection (a
+        client that left, a deadline): then its capacity stays charged (`gateway/backends/holds.py`)."""
+
+    def ends_with_text(self, ticket: Ticket) -> bool:
+        """Whether the request's work on the server ends with its last text token, so that its stream's
+        pace predicts its end; not when a stage runs on after the text (a talker speaking it)."""
+        return True
 
     @abc.abstractmethod
     def capacity(self, state: BackendState) -> Capacity:

@@ -111,6 +111,9 @@ class SGLang(BackendKind):
             )
         return exchange_failed(error)
 
+    def runs_on(self, ticket: Ticket) -> bool:
+        return False  # the handler aborts the request in the engine when the connection closes
+
     def capacity(self, state: BackendState) -> Capacity:
         return Capacity((Stage(ENGINE, StageUnit.REQUESTS, state.max_running_requests),))
 

@@ -79,6 +79,7 @@ class SGLangOmni(BackendKind):
         self.thinker_cap = server.thinker_max_running_requests or thinker
         self.talker_cap = server.talker_max_running_requests or talker
         self.every_request_speaks = server.version == "snapshot"
+        self.aborts_streams = server.version == "later"
         self._stages: dict[str, tuple[str, ...]] = {}  # url → the stages its /health lists
         self._no_metrics: set[str] = set()  # backends without /metrics, until they are down once
 
@@ -169,6 +170,14 @@ class SGLangOmni(BackendKind):
         return Verdict(
             mapped, retry=status in RETRYABLE_STATUS, backend_fault=True, overloaded=False, client_fault=False
         )
+
+    def runs_on(self, ticket: Ticket) -> bool:
+        """The snapshot never aborts a request whose client left (`Coordinator.stream` and `submit` never call
+        `abort()`); later servers abort a stream (its `finally`), never a whole answer."""
+        return not (self.aborts_streams and ticket.stream)
+
+    def ends_with_text(self, ticket: Ticket) -> bool:
+        return TALKER not in self.stages_of(ticket)
 
     def speaks(self, state: BackendState) -> bool:
         """The backend runs the speech pipeline (assumed until its /health lists its stages)."""
