@@ -1,4 +1,5 @@
-"""Walk a request's prompt (chat messages or a completions prompt) and price every part of it.
+"""Walk a request's prompt (chat messages or a completions prompt, and sglang-omni's top-level media lists)
+and price every part of it. A media item is priced by the same method whichever shape it came in.
 
 This is where request shapes are validated: every wrong type or undecodable media item becomes a 400
 naming the exact param (`messages[2].content[1].image_url.url`), so a client can find its mistake.
@@ -14,7 +15,8 @@ import orjson
 from gateway.errors import ApiError, ErrorCode
 from gateway.estimate.blob import MediaError
 from gateway.estimate.imagehead import HeaderError
-from gateway.estimate.media import media_source, price_audio, price_image, price_video
+from gateway.estimate.media import price_audio, price_image, price_video
+from gateway.estimate.media_lists import media_list_items
 from gateway.estimate.settings import EstimationPolicy, ModelProfile
 from gateway.estimate.urlpolicy import MediaUrlPolicy, MediaUrlRefused
 from gateway.estimate.vision import AspectError
@@ -26,7 +28,6 @@ _TOO_MANY = {
     "audios": ErrorCode.TOO_MANY_AUDIOS,
     "videos": ErrorCode.TOO_MANY_VIDEOS,
 }
-MEDIA_LISTS = ("images", "audios", "videos")  # sglang-omni's top-level media lists of a chat request
 
 
 def _bad(param: str, message: str, code: ErrorCode = ErrorCode.INVALID_CONTENT_PART) -> ApiError:
@@ -120,23 +121,17 @@ class ContentPricer:
                 raise _bad(f"prompt[{k}]", "must be a string or a list of token ids")
         return cost
 
-    def media_lists(self, body: dict[str, Any]) -> None:
-        """sglang-omni's top-level `images` / `audios` / `videos` lists hold paths and URLs the engine
-        opens: each item goes through the same door as a content part (not priced here)."""
-        for key in MEDIA_LISTS:
-            items = body.get(key)
-            if items is None:
-                continue
-            if not isinstance(items, list):
-                raise _bad(key, f"must be a list, got {type(items).__name__}")
-            for i, item in enumerate(items):
-                param = f"{key}[{i}]"
-                try:
-                    media_source(_str(item, param), self.urls)
-                except MediaUrlRefused as e:
-                    raise _refused(param, e) from None
-                except MediaError as e:
-                    raise _bad(param, f"invalid media: {e}") from None
+    def media_lists(self, body: dict[str, Any], cost: Cost) -> None:
+        """sglang-omni's top-level `images` / `videos` / `audios`, priced item by item like content parts
+        (data URLs from their headers, URLs and paths from the policy's defaults) — through the same door
+        (the pool's media URL policy): the engine opens these too."""
+        for item in media_list_items(body):
+            if item.kind == "image":
+                self.image(item.value, None, item.param, item.param, cost)
+            elif item.kind == "video":
+                self.video(item.value, item.param, item.param, cost)
+            else:
+                self.audio(item.value, item.param, item.param, cost)
 
     def _part(self, part: Any, where: str, cost: Cost) -> None:
         part = _obj(part, where)
@@ -162,59 +157,76 @@ class ContentPricer:
             )
 
     def _image(self, part: dict[str, Any], where: str, cost: Cost) -> None:
-        cost.images += 1
-        self._limit(cost.images, self.policy.max_images_per_request, "images", where)
         obj = _obj(part.get("image_url"), f"{where}.image_url")
         url = _str(obj.get("url"), f"{where}.image_url.url")
         detail = obj.get("detail")
         if detail is not None and detail not in ("auto", "low", "high"):
             raise _bad(f"{where}.image_url.detail", "must be one of 'auto', 'low', 'high'")
+        self.image(url, detail, where, f"{where}.image_url.url", cost)
+
+    def image(self, value: str, detail: str | None, where: str, field: str, cost: Cost) -> None:
+        """One image, whichever shape it came in: `where` names the item, `field` the value itself."""
+        cost.images += 1
+        self._limit(cost.images, self.policy.max_images_per_request, "images", where)
         try:
-            tokens, remote = price_image(url, detail, self.profile, self.policy, self.urls)
+            tokens, remote = price_image(value, detail, self.profile, self.policy, self.urls)
         except MediaUrlRefused as e:
-            raise _refused(f"{where}.image_url.url", e) from None
+            raise _refused(field, e) from None
         except (MediaError, HeaderError, AspectError) as e:
             raise _bad(where, f"invalid image: {e}", ErrorCode.INVALID_IMAGE) from None
         cost.vision_tokens += tokens + self.profile.marker_tokens
         cost.remote_media += remote
 
     def _video(self, part: dict[str, Any], where: str, cost: Cost) -> None:
-        cost.videos += 1
-        self._limit(cost.videos, self.policy.max_videos_per_request, "videos", where)
         param = f"{where}.video_url"
         obj = _obj(part.get("video_url"), param)
         url = _str(obj.get("url"), f"{param}.url")
         w, h = _number(obj, "width", param), _number(obj, "height", param)
         size = (int(w), int(h)) if w and h else None
+        seconds, fps = _number(obj, "duration", param), _number(obj, "fps", param)
+        self.video(url, where, f"{param}.url", cost, seconds=seconds, fps=fps, size=size)
+
+    def video(
+        self,
+        value: str,
+        where: str,
+        field: str,
+        cost: Cost,
+        *,
+        seconds: float | None = None,
+        fps: float | None = None,
+        size: tuple[int, int] | None = None,
+    ) -> None:
+        """One video, whichever shape it came in; only a content part can declare its length and size."""
+        cost.videos += 1
+        self._limit(cost.videos, self.policy.max_videos_per_request, "videos", where)
         try:
             tokens, remote = price_video(
-                url,
-                self.profile,
-                self.policy,
-                self.urls,
-                seconds=_number(obj, "duration", param),
-                fps=_number(obj, "fps", param),
-                size=size,
+                value, self.profile, self.policy, self.urls, seconds=seconds, fps=fps, size=size
             )
         except MediaUrlRefused as e:
-            raise _refused(f"{param}.url", e) from None
+            raise _refused(field, e) from None
         except (MediaError, AspectError) as e:
             raise _bad(where, f"invalid video: {e}", ErrorCode.INVALID_VIDEO) from None
         cost.vision_tokens += tokens + self.profile.marker_tokens
         cost.remote_media += remote
 
     def _audio(self, part: dict[str, Any], kind: str, where: str, cost: Cost) -> None:
+        obj = _obj(part.get(kind), f"{where}.{kind}")
+        key = "data" if kind == "input_audio" else "url"
+        field = f"{where}.{kind}.{key}"
+        self.audio(_str(obj.get(key), field), where, field, cost)
+
+    def audio(self, value: str, where: str, field: str, cost: Cost) -> None:
+        """One audio clip, whichever shape it came in (base64 or a URL of a part, an item of `audios`)."""
         cost.audios += 1
         if self.profile.audio == "none":
             raise _bad(where, "this model does not accept audio input", ErrorCode.UNSUPPORTED_MEDIA)
         self._limit(cost.audios, self.policy.max_audios_per_request, "audios", where)
-        obj = _obj(part.get(kind), f"{where}.{kind}")
-        key = "data" if kind == "input_audio" else "url"
-        value = _str(obj.get(key), f"{where}.{kind}.{key}")
         try:
             tokens, remote = price_audio(value, self.profile, self.policy, self.urls)
         except MediaUrlRefused as e:
-            raise _refused(f"{where}.{kind}.{key}", e) from None
+            raise _refused(field, e) from None
         except (MediaError, HeaderError) as e:
             raise _bad(where, f"invalid audio: {e}", ErrorCode.INVALID_AUDIO) from None
         cost.audio_tokens += tokens + self.profile.marker_tokens

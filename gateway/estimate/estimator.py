@@ -108,7 +108,7 @@ class Estimator:
             cost = pricer.chat(body["messages"], body.get("tools"))
         else:
             cost = pricer.completion(body.get("prompt", ""))
-        pricer.media_lists(body)
+        pricer.media_lists(body, cost)
         self._check_context(cost, profile)
         bucket = classify(cost, self.buckets)
         n = _choices(body)

@@ -104,6 +104,13 @@ def parts(value: str) -> list[tuple[dict[str, Any], str]]:
     ]
 
 
+INLINE_ITEMS = {
+    "images": data_uri(image_bytes("PNG", 8, 8)),
+    "audios": data_uri(wav_bytes(0.1), "audio/wav"),
+    "videos": data_uri(b"x" * 3, "video/mp4"),
+}
+
+
 def refusal(body: dict[str, Any], urls: MediaUrlPolicy) -> ApiError:
     with pytest.raises(ApiError) as info:
         EST.estimate(body, endpoint="chat", tenant="t", urls=urls)
@@ -116,8 +123,8 @@ def assert_refused(value: str, urls: MediaUrlPolicy, reason: str) -> None:
         assert (err.status, err.code, err.param) == (400, "media_url_not_allowed", param), value
         assert err.message.startswith(f"{param}: media URL not allowed: "), err.message
         assert reason in err.message, err.message
-    for key in ("images", "audios", "videos"):
-        err = refusal({**chat({"type": "text", "text": "hi"}), key: [data_uri(b"x" * 3), value]}, urls)
+    for key, inline in INLINE_ITEMS.items():  # a valid inline item first: the refused one is the second
+        err = refusal({**chat({"type": "text", "text": "hi"}), key: [inline, value]}, urls)
         assert (err.status, err.code, err.param) == (400, "media_url_not_allowed", f"{key}[1]"), value
 
 

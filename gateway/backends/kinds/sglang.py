@@ -6,7 +6,8 @@ ranks) every tick and the server's settings (`/server_info`, or `/get_server_inf
 
 Shaping: the body goes as the client sent it, except `priority`, which is the gateway's to set — the
 dispatch's engine priority on a pool whose engines schedule by priority (`priority_scheduling`), removed
-otherwise (a client's own would bypass the gateway's caps).
+otherwise (a client's own would bypass the gateway's caps) — and sglang-omni's top-level media lists, which
+SGLang does not read: their items become content parts (`shapes.py`).
 Errors: SGLang answers a bad request with a 4xx; a 5xx is the server's own failure, so another backend may
 serve the request and the circuit counts it; 429 and 503 are overload answers. Closing the connection
 aborts the request in the engine (SGLang's handler watches for the disconnect), so a lease can end with it.
@@ -32,6 +33,7 @@ from gateway.backends.kinds.base import (
 )
 from gateway.backends.kinds.errors import upstream_error
 from gateway.backends.kinds.sglang_scrape import INFO_ROUTES, apply_metrics_text, apply_server_info
+from gateway.backends.kinds.shapes import to_content_parts
 from gateway.backends.state import BackendState
 from gateway.config import PoolConfig
 from gateway.proxy import UpstreamError, UpstreamStatusError
@@ -53,6 +55,7 @@ class SGLang(BackendKind):
         self._informed: set[str] = set()  # backends whose /server_info was read since they became healthy
 
     def payload(self, body: dict[str, Any], engine_priority: int) -> bytes:
+        to_content_parts(body)
         if self.priority_scheduling:
             body["priority"] = engine_priority
         else:

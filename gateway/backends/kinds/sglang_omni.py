@@ -8,6 +8,10 @@ code2wav — in the snapshot every request of the speech pipeline does, since it
 talker and only its HTTP layer drops the audio. A backend serving the text-only pipeline (no `talker_ar`
 among the stages its `/health` lists) has no talker and no code2wav.
 
+Shaping: the snapshot reads media only from the top-level `images` / `videos` / `audios` lists (it would
+`json.dumps` OpenAI content parts into the prompt), so media parts move there (`shapes.py`); later servers
+read both shapes. `priority` is dropped: the server has none.
+
 Load signals: the coordinator's snapshot in the `/health` JSON every tick — `total_requests` (every request
 the pipeline still runs, all clients, also those whose client left) and `pending_completions` (those a
 handler still waits for) — and the stages it lists. `/metrics` (`--enable-metrics`, `sglang_omni_*`) carries
@@ -38,6 +42,7 @@ from gateway.backends.kinds.base import (
 from gateway.backends.kinds.errors import upstream_error
 from gateway.backends.kinds.sglang import OVERLOAD_STATUS, RETRYABLE_STATUS
 from gateway.backends.kinds.sglang_omni_scrape import read_omni_metrics
+from gateway.backends.kinds.shapes import to_media_lists
 from gateway.backends.state import BackendState
 from gateway.config import OmniVersion, PoolConfig
 from gateway.errors import ApiError, ErrorCode
@@ -80,11 +85,14 @@ class SGLangOmni(BackendKind):
         self.talker_cap = server.talker_max_running_requests or talker
         self.every_request_speaks = server.version == "snapshot"
         self.aborts_streams = server.version == "later"
+        self.lists_only = server.version == "snapshot"  # OpenAI content parts became prompt text there
         self._stages: dict[str, tuple[str, ...]] = {}  # url → the stages its /health lists
         self._no_metrics: set[str] = set()  # backends without /metrics, until they are down once
 
     def payload(self, body: dict[str, Any], engine_priority: int) -> bytes:
         body.pop("priority", None)  # the server has no priority; the gateway's order is the only one
+        if self.lists_only:
+            to_media_lists(body)
         return orjson.dumps(body)
 
     async def probe(
