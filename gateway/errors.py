@@ -39,6 +39,7 @@ class ErrorCode(StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     INVALID_TRAFFIC_CLASS = "invalid_traffic_class"
     NOT_FOUND = "not_found"
+    ROUTE_NOT_SERVED = "route_not_served"  # the model's backends have no such route
     METHOD_NOT_ALLOWED = "method_not_allowed"
     HTTP_ERROR = "http_error"
     # who is asking

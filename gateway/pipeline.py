@@ -131,6 +131,7 @@ class CompletionEndpoint:
             parsed = parse_request(raw, self.endpoint)
             ticket.model, ticket.stream = parsed.model, parsed.stream
             pool, reservation = await self.gw.admit(ticket, parsed, request, policy, tenant)
+            pool.kind.check_route(self.path, parsed.model)
             # A bare watcher task and one scope, not a task group (docs/decisions/0005-disconnect-watcher.md).
             with anyio.CancelScope() as on_disconnect:
                 watcher = asyncio.create_task(ex.watch_disconnect(receive, on_disconnect))

@@ -11,6 +11,7 @@ from gateway.backends.kinds.sglang_omni import SGLangOmni
 from gateway.backends.kinds.sglang_omni_scrape import OmniGauges, read_omni_metrics
 from gateway.backends.state import BackendState
 from gateway.config import ConfigError, PoolConfig, parse_config
+from gateway.errors import ApiError
 from gateway.proxy import (
     BrokenBeforeFirstByte,
     BrokenMidStream,
@@ -291,3 +292,14 @@ def test_what_runs_on_after_the_client_leaves() -> None:
     assert (later.runs_on(stream), later.runs_on(whole)) == (False, True)  # it aborts streams only
     assert not snapshot.ends_with_text(stream)  # the talker speaks every answer there
     assert later.ends_with_text(stream) and not later.ends_with_text(_ticket(voice="default"))
+
+
+def test_each_kind_names_the_routes_its_servers_have() -> None:
+    assert SGLangOmni.routes == {"/v1/chat/completions", "/v1/audio/speech"}
+    _omni().check_route("/v1/chat/completions", "m")
+    with pytest.raises(ApiError) as e:
+        _omni().check_route("/v1/completions", "m")
+    assert (e.value.status, e.value.code) == (404, "route_not_served")
+    adapter_for(
+        PoolConfig.model_validate({"name": "p", "models": ["m"], "backends": ["http://b:1"]})
+    ).check_route("/v1/completions", "m")

@@ -238,3 +238,19 @@ def test_a_server_without_metrics_is_asked_once_per_healthy_spell(start_gateway)
         omni_gateway(start_gateway, [server.url])
         assert wait_for(lambda: calls["health"] >= 5)
         assert calls["metrics"] == 1
+
+
+def test_a_route_the_servers_lack_is_refused_before_it_reaches_them(sims, start_gateway):
+    sim = sims()
+    gw = omni_gateway(start_gateway, [sim.url])
+    before = submitted(sim)
+    resp = httpx.post(f"{gw}/v1/completions", json={"model": MODEL, "prompt": "hi"}, timeout=10)
+    assert resp.status_code == 404
+    assert resp.json()["error"] == {
+        "message": "Model 'test-model' is served by sglang-omni backends, which have no /v1/completions; "
+        "they serve /v1/audio/speech, /v1/chat/completions.",
+        "type": "not_found_error",
+        "param": None,
+        "code": "route_not_served",
+    }
+    assert submitted(sim) == before

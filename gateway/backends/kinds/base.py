@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import aiohttp
 
 from gateway.backends.state import BackendState
-from gateway.errors import ApiError
+from gateway.errors import ApiError, ErrorCode
 from gateway.proxy import UpstreamError
 from gateway.ticket import Ticket
 
@@ -111,11 +111,22 @@ class Verdict:
 
 
 class BackendKind(abc.ABC):
-    """One adapter per pool; `name` is the pool config's `kind`. `unavailable` names the signals this kind
-    of server never gives, and why."""
+    """One adapter per pool; `name` is the pool config's `kind`, `routes` the generation routes its servers
+    have, `unavailable` the signals they never give, and why."""
 
     name: str
+    routes: ClassVar[frozenset[str]]  # the gateway's generation routes this kind of server has
     unavailable: ClassVar[Mapping[Signal, str]] = MappingProxyType({})
+
+    def check_route(self, path: str, model: str) -> None:
+        """Refuse (404) a route the model's servers lack, before anything is sent to them."""
+        if path not in self.routes:
+            raise ApiError(
+                404,
+                f"Model '{model}' is served by {self.name} backends, which have no {path}; they serve "
+                f"{', '.join(sorted(self.routes))}.",
+                code=ErrorCode.ROUTE_NOT_SERVED,
+            )
 
     def missing_signals(self, state: BackendState) -> dict[str, str]:
         """Each load signal the backend has not given, with why and what admission does without it."""

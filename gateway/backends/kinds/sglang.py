@@ -49,6 +49,7 @@ _ENGINE_ONLY = (ENGINE,)
 
 class SGLang(BackendKind):
     name = "sglang"
+    routes = frozenset({"/v1/chat/completions", "/v1/completions"})
 
     def __init__(self, config: PoolConfig) -> None:
         self.priority_scheduling = config.priority_scheduling

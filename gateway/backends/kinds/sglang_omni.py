@@ -69,6 +69,7 @@ DEFAULT_CAPS: dict[OmniVersion, tuple[int, int]] = {"snapshot": (16, 16), "later
 
 class SGLangOmni(BackendKind):
     name = "sglang-omni"
+    routes = frozenset({"/v1/chat/completions", "/v1/audio/speech"})  # no /v1/completions (404 there)
     unavailable = MappingProxyType(
         {
             Signal.KV_CAPACITY: "sglang-omni exposes no KV signal",
