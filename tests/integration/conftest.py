@@ -41,9 +41,14 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
 
 
 def write_config(
-    path: Path, backend: str, store: dict[str, Any], tenants: list[dict[str, Any]] | None = None
+    path: Path,
+    backend: str,
+    store: dict[str, Any],
+    tenants: list[dict[str, Any]] | None = None,
+    pool: dict[str, Any] | None = None,
 ) -> Path:
-    """A gateway.yaml (and a minimal policy next to it) for one pool on `backend`, auth required."""
+    """A gateway.yaml (and a minimal policy next to it) for one pool on `backend`, auth required; `pool`
+    overrides fields of the pool entry (its kind, backends, models)."""
     policy = path.with_name(path.stem + "-policy.yaml")
     policy.write_text("version: 1\n")
     config = {
@@ -54,7 +59,13 @@ def write_config(
         "auth": {"required": True},
         "store": store,
         "pools": [
-            {"name": "interactive", "models": [MODEL], "backends": [backend], "health_interval_s": 0.5}
+            {
+                "name": "interactive",
+                "models": [MODEL],
+                "backends": [backend],
+                "health_interval_s": 0.5,
+                **(pool or {}),
+            }
         ],
         "tenants": tenants or [],
     }

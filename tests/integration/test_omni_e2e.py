@@ -15,10 +15,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import yaml
 
 from tests.estimate.helpers import b64, data_uri, image_bytes, wav_bytes
-from tests.integration.conftest import ADMIN_TOKEN, Admin
+from tests.integration.conftest import Admin, write_config
 from tests.support.processes import Processes
 from tests.support.waiting import wait_for
 
@@ -32,32 +31,10 @@ KEY = "og-acme-e2e-key-0001"
 
 
 def _config(workdir: Path, backends: list[str]) -> Path:
-    policy = workdir / "policy.yaml"
-    policy.write_text(
-        "version: 1\npool_defaults:\n  timeouts: {connect: 1.0, first_byte: 20, idle: 20, total: 60}\n"
+    pool = {"kind": "sglang-omni", "models": [MODEL], "backends": backends, "health_interval_s": 0.2}
+    return write_config(
+        workdir / "gateway.yaml", backends[0], {"kind": "memory"}, [{"id": "acme", "keys": [KEY]}], pool
     )
-    config = {
-        "listen": {"host": "127.0.0.1", "port": 0},
-        "policy_path": str(policy),
-        "watch_policy": False,
-        "admin": {"token": ADMIN_TOKEN},
-        "auth": {"required": True},
-        "store": {"kind": "memory"},
-        "pools": [
-            {
-                "name": "interactive",
-                "kind": "sglang-omni",
-                "sglang_omni": {"version": "snapshot"},
-                "models": [MODEL],
-                "backends": backends,
-                "health_interval_s": 0.2,
-            }
-        ],
-        "tenants": [{"id": "acme", "keys": [KEY]}],
-    }
-    path = workdir / "gateway.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def _backends(admin: Admin) -> list[dict[str, Any]]:

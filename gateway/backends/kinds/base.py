@@ -35,6 +35,15 @@ PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 """Every health check and scrape: a backend too slow to answer one in time counts as unhealthy."""
 
 
+async def get_health(session: aiohttp.ClientSession, url: str) -> tuple[bool, bytes]:
+    """`GET /health`: healthy on a 200 in time, and the body (empty when it failed)."""
+    try:
+        async with session.get(url + "/health", timeout=PROBE_TIMEOUT) as resp:
+            return resp.status == 200, await resp.read()
+    except (aiohttp.ClientError, TimeoutError):
+        return False, b""
+
+
 class StageUnit(StrEnum):
     """What a stage's limit counts."""
 

@@ -30,6 +30,7 @@ from gateway.backends.kinds.base import (
     StageUnit,
     Verdict,
     exchange_failed,
+    get_health,
 )
 from gateway.backends.kinds.errors import upstream_error
 from gateway.backends.kinds.sglang_scrape import INFO_ROUTES, apply_metrics_text, apply_server_info
@@ -66,11 +67,7 @@ class SGLang(BackendKind):
     async def probe(
         self, session: aiohttp.ClientSession, state: BackendState, clock: Callable[[], float]
     ) -> bool:
-        try:
-            async with session.get(state.url + "/health", timeout=PROBE_TIMEOUT) as resp:
-                healthy = resp.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            healthy = False
+        healthy, _ = await get_health(session, state.url)
         if not healthy:
             self._informed.discard(state.url)  # a server that comes back may have been restarted
             return False

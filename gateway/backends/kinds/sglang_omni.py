@@ -38,6 +38,7 @@ from gateway.backends.kinds.base import (
     StageUnit,
     Verdict,
     exchange_failed,
+    get_health,
 )
 from gateway.backends.kinds.errors import upstream_error
 from gateway.backends.kinds.sglang import OVERLOAD_STATUS, RETRYABLE_STATUS
@@ -99,11 +100,7 @@ class SGLangOmni(BackendKind):
     async def probe(
         self, session: aiohttp.ClientSession, state: BackendState, clock: Callable[[], float]
     ) -> bool:
-        try:
-            async with session.get(state.url + "/health", timeout=PROBE_TIMEOUT) as resp:
-                healthy, raw = resp.status == 200, await resp.read()
-        except (aiohttp.ClientError, TimeoutError):
-            healthy, raw = False, b""
+        healthy, raw = await get_health(session, state.url)
         if not healthy:
             self._no_metrics.discard(state.url)  # a server that comes back may have been restarted
             return False
