@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -84,12 +85,18 @@ def test_an_unhealthy_backend_is_marked_and_recovers(start_backend, start_gatewa
 
 
 def test_the_simulated_sglang_server_is_read_from_server_info(tmp_path: Path, start_gateway):
+    """The simulator serves SGLang 0.5.9's routes: its settings come from /server_info, and the deprecated
+    /get_server_info (a warning in the server's log on every call) is never asked."""
     procs = Processes(tmp_path)
     try:
         sim = procs.sim("--max-running-requests", "24", "--model", "test-model")
         gw = start_gateway([sim.url])
         entry = wait_for(lambda: (e := _backend(gw.url))["token_usage"] is not None and e)
         assert entry["stages"] == [{"stage": "engine", "unit": "requests", "limit": 24}]
+        info = httpx.get(sim.url + "/server_info").json()
+        assert entry["max_total_tokens"] == info["internal_states"][0]["memory_usage"]["token_capacity"]
         assert entry["token_usage"] == 0.0
+        time.sleep(1.0)  # five more probe ticks
+        assert "deprecated" not in sim.output()
     finally:
         procs.close()
