@@ -145,6 +145,9 @@ class House:
             budgets = policy["budgets"]
             own = {key: value for key, value in budgets.items() if key != "pools"}
             budgets["pools"] = {"interactive": {**own, "lend": lend}}
+        else:  # one pool: offline work runs on it (a policy may name no other: gateway/pool_names.py)
+            policy["queue"]["classes"]["offline"]["pool"] = "interactive"
+            policy["window"]["accumulate"].pop("offline")
         (work / f"{name}-policy.yaml").write_text(yaml.safe_dump(policy))
         pool = {"models": [MODEL], "priority_scheduling": True, "health_interval_s": 0.25}
         pools = [{"name": "interactive", "backends": self.sims, **pool}]

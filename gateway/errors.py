@@ -38,6 +38,7 @@ class ErrorCode(StrEnum):
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     MODEL_NOT_FOUND = "model_not_found"
     INVALID_TRAFFIC_CLASS = "invalid_traffic_class"
+    NO_POOL_FOR_CLASS = "no_pool_for_class"
     NOT_FOUND = "not_found"
     ROUTE_NOT_SERVED = "route_not_served"  # the model's backends have no such route
     METHOD_NOT_ALLOWED = "method_not_allowed"

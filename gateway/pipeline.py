@@ -249,11 +249,13 @@ class CompletionEndpoint:
                     )
             except UpstreamError as e:
                 verdict = owner.kind.judge(e, backend)
+                if verdict.backend_fault:  # verdicts come before the release (gateway/backends/circuit.py)
+                    owner.record_failure(backend, ticket.dispatched_at)
+                else:
+                    owner.record_no_verdict(backend, ticket.dispatched_at)
                 ended = Outcome.OVERLOADED if verdict.overloaded else Outcome.UPSTREAM_ERROR
                 self._end(lease, deadlines, isinstance(e, UpstreamTimeout), Usage(0, 0), ended)
                 metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend, e.label).inc()
-                if verdict.backend_fault:
-                    owner.record_failure(backend)
                 exclude.add(backend.url)
                 if (
                     verdict.retry
@@ -271,11 +273,13 @@ class CompletionEndpoint:
                 ticket.outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
                 raise verdict.error from None
             except BaseException:
+                owner.record_no_verdict(backend, ticket.dispatched_at)
                 self._end(lease, deadlines, True, Usage(0, 0), Outcome.CANCELLED)
                 raise
             finally:
                 lease.disarm()
             if revocable is not None and revocable.cancelled_caught:
+                owner.record_no_verdict(backend, ticket.dispatched_at)
                 self._end(lease, deadlines, True, Usage(0, 0), Outcome.REVOKED)
                 requeued = True
                 if lease.loan:  # the lender's own requests wait for the backend: queue in our own pool
@@ -285,7 +289,7 @@ class CompletionEndpoint:
                     metrics.PREEMPTED.labels(pool.name).inc()
                     log.debug("request %s: preempted on %s; queued again", ticket.id, ticket.backend)
                 continue
-            owner.record_success(backend)
+            owner.record_success(backend, ticket.dispatched_at)
             if ticket.stream:
                 lease.started()  # the first byte of a stream comes with the first token
             return upstream, lease
@@ -302,8 +306,8 @@ class CompletionEndpoint:
             ticket.outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
         ticket.error, ticket.error_status = verdict.error.message, verdict.error.status
         metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", e.label).inc()
-        if verdict.backend_fault:
-            owner.record_failure(lease.backend)
+        if verdict.backend_fault:  # it answered first: that success becomes this one failure
+            owner.record_failure(lease.backend, ticket.dispatched_at, answered=True)
         return verdict.error
 
     def _response_headers(self, ticket: Ticket) -> list[tuple[bytes, bytes]]:

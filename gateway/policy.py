@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from gateway.admission.settings import (
     BudgetPolicy,
@@ -20,6 +20,7 @@ from gateway.admission.settings import (
     QueuePolicy,
     WindowPolicy,
 )
+from gateway.backends.settings import CircuitPolicy
 from gateway.estimate.settings import BucketPolicy, EstimationPolicy
 from gateway.estimate.urlpolicy import MediaUrlPolicy
 from gateway.observability.settings import AlertThresholds
@@ -43,6 +44,14 @@ class PoolPolicy(Frozen):
         default_factory=MediaUrlPolicy,
         description="What the pool's engines may be asked to fetch (default: no remote media).",
     )
+    circuit: CircuitPolicy = Field(default_factory=CircuitPolicy)
+
+
+def _merged(base: Any, override: Any) -> Any:
+    """`override` laid over `base`, mapping by mapping: a pool names only what differs from the defaults."""
+    if not isinstance(base, dict) or not isinstance(override, dict):
+        return override
+    return {**base, **{k: _merged(base.get(k), v) for k, v in override.items()}}
 
 
 class Policy(Frozen):
@@ -58,6 +67,17 @@ class Policy(Frozen):
     buckets: BucketPolicy = Field(default_factory=BucketPolicy)
     tenant_defaults: TenantDefaults = Field(default_factory=TenantDefaults)
     alerts: AlertThresholds = Field(default_factory=AlertThresholds)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pools_inherit(cls, data: Any) -> Any:
+        """Fill each `pools.<name>` from `pool_defaults` (nested sections key by key): without this,
+        `pools: {offline: {retries: 0}}` silently reset that pool's timeouts and breaker to the code
+        defaults."""
+        if not isinstance(data, dict) or not isinstance(data.get("pools"), dict):
+            return data
+        base = data.get("pool_defaults") or {}
+        return {**data, "pools": {name: _merged(base, o) for name, o in data["pools"].items()}}
 
     def pool(self, name: str) -> PoolPolicy:
         return self.pools.get(name, self.pool_defaults)

@@ -15,14 +15,18 @@ from collections.abc import AsyncIterator, Callable
 import anyio
 
 from gateway.admission.scheduler import PoolScheduler
+from gateway.backends.circuit import CircuitState, Transition
 from gateway.backends.pool import Pool
+from gateway.backends.settings import CircuitPolicy
 from gateway.config import GatewayConfig
 from gateway.estimate.estimator import Estimator
 from gateway.livestate import LiveState
+from gateway.observability import record
 from gateway.observability.accesslog import AccessLog
 from gateway.observability.manager import AlertManager
 from gateway.observability.rolling import SloTracker
 from gateway.policy import Policy
+from gateway.pool_names import check_pools
 from gateway.reloader import PolicyHolder
 from gateway.stages.admit import Admit
 from gateway.stages.authenticate import Authenticate
@@ -45,12 +49,16 @@ class Gateway:
         self.clock = clock
         self.policy = policy or PolicyHolder(config.policy_path)
         current = self.policy.current
+        self.pool_names = frozenset(p.name for p in config.pools)
+        check_pools(current, self.pool_names, str(self.policy.path or "<policy>"))
         self.admin_token = config.admin.resolve_token()
         self.estimator = Estimator(current.estimation, current.buckets)
         self.tenants = TenantService.from_config(config.store, config.tenants, current.tenant_defaults)
         self.policy.add_preparer(self._prepare)
         self.weights: dict[str, float] = {}
-        self.pools = {p.name: Pool(p, clock=clock) for p in config.pools}
+        self.pools = {
+            p.name: Pool(p, clock, self._circuit_settings(p.name), self._circuit_moved) for p in config.pools
+        }
         self.schedulers = {
             name: PoolScheduler(
                 name,
@@ -80,6 +88,18 @@ class Gateway:
         self.finish = Finish(self.tenants, measure, clock)
         self.live = LiveState(self.policy, self.pools, self.schedulers, self.slo, measure, clock)
 
+    def _circuit_settings(self, pool: str) -> Callable[[], CircuitPolicy]:
+        return lambda: self.policy.current.pool(pool).circuit
+
+    def _circuit_moved(self, t: Transition) -> None:
+        """A breaker changed state: count and alert it, and let waiting requests at a backend that takes
+        work again."""
+        record.record_circuit(t)
+        if self.policy.current.pool(t.pool).circuit.alert:
+            self.alerts.notify_circuit(t)
+        if t.new != CircuitState.OPEN:
+            self.schedulers[t.pool].pump()
+
     def _pools_of_class(self, traffic_class: str) -> list[str]:
         return [name for name, p in self.pools.items() if (p.config.traffic_class or name) == traffic_class]
 
@@ -90,6 +110,7 @@ class Gateway:
         return self.live.kv_usage(backend)
 
     def _prepare(self, new: Policy) -> Callable[[], None]:
+        check_pools(new, self.pool_names, str(self.policy.path or "<policy>"))
         estimator = self.estimator.reconfigure(new.estimation, new.buckets)
 
         def commit() -> None:

@@ -12,8 +12,10 @@ import aiohttp
 import anyio
 
 from gateway.backends import circuit
+from gateway.backends.circuit import Transition
 from gateway.backends.holds import Hold, Holds, predicted_end
 from gateway.backends.kinds import adapter_for
+from gateway.backends.settings import CircuitPolicy
 from gateway.backends.state import BackendState
 from gateway.config import PoolConfig
 from gateway.ticket import Ticket
@@ -28,11 +30,19 @@ KEEPALIVE_S = 4.0
 class Pool:
     """Backends serving one traffic class; the dispatcher decides which of them gets each request."""
 
-    def __init__(self, config: PoolConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: PoolConfig,
+        clock: Callable[[], float] = time.monotonic,
+        circuit: Callable[[], CircuitPolicy] = CircuitPolicy,
+        on_transition: Callable[[Transition], None] | None = None,
+    ) -> None:
         self.config = config
         self.name = config.name
         self.kind = adapter_for(config)
         self._clock = clock
+        self._circuit = circuit  # the live policy's breaker settings for this pool
+        self._on_transition = on_transition
         self.backends = [
             BackendState(url=url, pool=config.name, name=f"{config.name}-{i}")
             for i, url in enumerate(config.backends)
@@ -53,13 +63,35 @@ class Pool:
                 await c.close()
 
     def ready(self) -> bool:
-        return any(b.available for b in self.backends)
+        """Some backend is up: requests may queue for it (a half-open one's probes may all be out)."""
+        return any(b.up for b in self.backends)
 
-    def record_success(self, state: BackendState) -> None:
-        circuit.record_success(state)
+    # -- the circuit breaker (gateway/backends/circuit.py): one verdict per request sent -----------
+    def record_success(self, state: BackendState, dispatched_at: float | None = None) -> None:
+        """The backend answered (a status below 500 and not a refusal, or a stream's first byte)."""
+        self._moved(state, circuit.success(state.breaker, self._circuit(), self._clock(), dispatched_at))
 
-    def record_failure(self, state: BackendState) -> None:
-        circuit.record_failure(state, self._clock())
+    def record_failure(
+        self, state: BackendState, dispatched_at: float | None = None, answered: bool = False
+    ) -> None:
+        """The backend failed a request: no connection, a deadline, a 5xx; `answered`: a stream broke
+        after its first byte (recorded a success then)."""
+        now = self._clock()
+        self._moved(state, circuit.failure(state.breaker, self._circuit(), now, dispatched_at, answered))
+
+    def record_no_verdict(self, state: BackendState, dispatched_at: float | None) -> None:
+        """A request sent there ended telling nothing of the backend (cancelled, revoked, a 4xx)."""
+        circuit.no_verdict(state.breaker, dispatched_at)
+
+    def _moved(self, state: BackendState, moved: tuple[circuit.CircuitState, str] | None) -> None:
+        if moved is None:
+            return
+        old, reason = moved
+        t = Transition(self.name, state.name, old, state.circuit, reason)
+        log_at = logging.WARNING if t.new == circuit.CircuitState.OPEN else logging.INFO
+        log.log(log_at, "backend %s: circuit %s -> %s (%s)", t.backend, t.old, t.new, reason)
+        if self._on_transition is not None:
+            self._on_transition(t)
 
     def hold(self, state: BackendState, ticket: Ticket, release: Callable[[], None], total_s: float) -> bool:
         """Keep the budgets of a request the gateway walked away from charged while the server runs it on
@@ -83,13 +115,17 @@ class Pool:
 
     async def check(self, state: BackendState) -> None:
         assert self._probe is not None
-        circuit.refresh(state, self._clock())
         sent = self._clock()
         healthy = await self.kind.probe(self._probe, state, self._clock)
+        self.record_health(state, healthy)
+        self.holds.settle(state, self._clock(), sent if healthy else None)
+
+    def record_health(self, state: BackendState, healthy: bool) -> None:
+        """A health check's result: the backend's health, and the breaker's cool-down and probing."""
         if healthy != state.healthy:
             log.warning("backend %s %s", state.name, "healthy" if healthy else "unhealthy")
         state.healthy = healthy
-        self.holds.settle(state, self._clock(), sent if healthy else None)
+        self._moved(state, circuit.health(state.breaker, self._circuit(), self._clock(), healthy))
 
 
 def _session(max_connections: int) -> aiohttp.ClientSession:

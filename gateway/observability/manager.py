@@ -17,10 +17,11 @@ import anyio
 import httpx
 from anyio.abc import TaskGroup
 
+from gateway.backends.circuit import CircuitState, Transition
 from gateway.config import AlertsConfig
 from gateway.observability import metrics as m
 from gateway.observability.failures import FailureEvent, FailureThrottle
-from gateway.observability.notification import Notification
+from gateway.observability.notification import Kind, Notification, Severity
 from gateway.observability.rules import AlertInputs, RuleEngine
 from gateway.observability.settings import AlertThresholds, RuleName
 from gateway.observability.sinks import Deliveries
@@ -110,6 +111,17 @@ class AlertManager:
         notes += self._failures.flush(self._thresholds(), self._clock(), self._wall())
         self._send(notes)
         return notes
+
+    def notify_circuit(self, t: Transition) -> None:
+        """A circuit breaker changed state: one message at once (open: critical; closed: resolved)."""
+        messages: dict[CircuitState, tuple[Kind, Severity, str]] = {
+            CircuitState.OPEN: ("firing", "critical", f"Circuit open: {t.backend}"),
+            CircuitState.HALF_OPEN: ("firing", "warning", f"Circuit half-open: probing {t.backend}"),
+            CircuitState.CLOSED: ("resolved", "info", f"Circuit closed: {t.backend}"),
+        }
+        kind, severity, title = messages[t.new]
+        fields = (("pool", t.pool), ("backend", t.backend), ("from", t.old), ("reason", t.reason))
+        self._send([Notification(kind, title, severity, fields, rule="circuit", key=t.backend)])
 
     def notify_failure(self, event: FailureEvent) -> None:
         """A request or job failed: alert now, or fold it into the window's storm summary."""

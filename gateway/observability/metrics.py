@@ -124,6 +124,12 @@ BACKEND_CIRCUIT = Gauge(
     ["pool", "backend", "state"],
     registry=REGISTRY,
 )
+CIRCUIT_TRANSITIONS = Counter(
+    "omnigate_circuit_transitions_total",
+    "Circuit breaker transitions, by the state entered (open, half_open, closed).",
+    ["pool", "backend", "state"],
+    registry=REGISTRY,
+)
 BACKEND_CONCURRENCY_LIMIT = Gauge(
     "omnigate_backend_concurrency_limit",
     "Adaptive concurrency limit the dispatcher currently applies to each backend.",

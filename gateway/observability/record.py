@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gateway.backends.circuit import Transition
 from gateway.backends.state import BackendState
 from gateway.errors import RejectionReason
 from gateway.observability import metrics as m
@@ -101,7 +102,7 @@ def record_backends(states: Iterable[BackendState]) -> None:
     """Gateway accounting and last scrape of each backend; scraped gauges stay unset until a scrape."""
     for b in states:
         labels = (b.pool, b.name)
-        m.BACKEND_UP.labels(*labels).set(1 if b.available else 0)
+        m.BACKEND_UP.labels(*labels).set(1 if b.up else 0)
         m.BACKEND_HEALTHY.labels(*labels).set(1 if b.healthy else 0)
         for state in CIRCUIT_STATES:
             m.BACKEND_CIRCUIT.labels(*labels, state).set(1 if b.circuit == state else 0)
@@ -115,6 +116,10 @@ def record_backends(states: Iterable[BackendState]) -> None:
             m.BACKEND_RUNNING.labels(*labels).set(b.running_reqs)
         if b.queue_reqs is not None:
             m.BACKEND_QUEUED.labels(*labels).set(b.queue_reqs)
+
+
+def record_circuit(t: Transition) -> None:
+    m.CIRCUIT_TRANSITIONS.labels(t.pool, t.backend, t.new).inc()
 
 
 def record_slo(stats: Iterable[ClassStats], targets: dict[str, tuple[float | None, float | None]]) -> None:

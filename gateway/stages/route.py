@@ -18,7 +18,8 @@ class Router:
 
     def route(self, model: str, traffic_class: str, policy: Policy) -> Pool:
         """The pool the class names (policy `queue.classes.<class>.pool`, else the pool of that name or
-        traffic class) among those serving `model`; the first of them if none matches."""
+        traffic class) among those serving `model`. None of them: 400, never another class's pool (offline
+        work must not land on the interactive engines)."""
         pools = self.models.get(model)
         if not pools:
             raise ApiError(
@@ -28,4 +29,10 @@ class Router:
         for pool in pools:
             if pool.name == wanted or pool.config.traffic_class == traffic_class:
                 return pool
-        return pools[0]
+        raise ApiError(
+            400,
+            f"Traffic class '{traffic_class}' routes to pool '{wanted}', which does not serve model "
+            f"`{model}` (served by: {', '.join(p.name for p in pools)}).",
+            param="x-omnigate-class",
+            code=ErrorCode.NO_POOL_FOR_CLASS,
+        )

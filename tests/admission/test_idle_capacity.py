@@ -128,11 +128,16 @@ async def test_open_circuit_holds_work_half_open_serves_it_and_unknown_kv_never_
     await settle()
     assert not waiting.done()  # no backend available: it waits (bounded by max_wait_s) …
     assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "unavailable"}
-    pool[0].circuit = "half_open"  # … until the breaker lets probes through and the monitor pumps
+    pool[0].circuit = "half_open"  # … until the breaker lets its one probe through and the monitor pumps
     s.pump()
     lease = await waiting
-    second = await s.acquire(_t(clock, 100))  # half-open with room, KV size unknown: it goes
-    assert (lease.backend, second.backend) == (pool[0], pool[0]) and pool[0].active == 2
+    held = asyncio.create_task(s.acquire(_t(clock, 100)))
+    await settle()
+    assert lease.backend is pool[0] and pool[0].active == 1 and not held.done()  # one probe only
+    pool[0].circuit = "closed"  # the probe succeeded
+    s.pump()
+    second = await held  # KV size unknown: it goes
+    assert second.backend is pool[0] and pool[0].active == 2
     lease.release(None, "ok")
     second.release(None, "ok")
     assert s.rejections == {}

@@ -40,14 +40,19 @@ def gateway_app(
     tenant: dict[str, Any],
     policy_alerts: dict[str, Any],
     alerts: dict[str, Any],
+    circuit: dict[str, Any] | None = None,
 ) -> Starlette:
-    """A gateway with one pool serving one class, one tenant, and the given alert thresholds and sinks."""
+    """A gateway with one pool serving one class, one tenant, the given alert thresholds and sinks, and
+    the given circuit breaker settings."""
     policy = {
         "version": 1,
+        "pool_defaults": {
+            "media_urls": {"allow": ["example.invalid"]},  # forwarded, for the sim to refuse
+            "circuit": circuit or {},
+        },
         "queue": {"classes": {traffic_class: {"pool": pool}}},
         "tenant_defaults": {"default_class": traffic_class},
         "alerts": policy_alerts,
-        "pool_defaults": {"media_urls": {"allow": ["example.invalid"]}},  # forwarded, for the sim to refuse
     }
     policy_path = tmp_path / f"{pool}-policy.yaml"
     policy_path.write_text(yaml.safe_dump(policy), encoding="utf-8")

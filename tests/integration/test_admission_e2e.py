@@ -41,6 +41,8 @@ version: 1
 pool_defaults:
   timeouts: {{connect: 1.0, first_byte: 20.0, idle: 20.0, total: 60.0}}
   retries: 1
+  # no circuit breaker: the chaos run's flaky backends must stay in rotation (tests/gateway/test_circuit*)
+  circuit: {{consecutive_failures: null, failure_ratio: null}}
 controller: {{algorithm: fixed, initial: {LIMIT}, min: {LIMIT}, max: {LIMIT}}}
 budgets:
   bucket_caps: {{multi_image: {MULTI_CAP}, single_image: 64, long_doc: 8}}
@@ -51,7 +53,8 @@ queue:
   priorities: {{reserve_fraction: 0}}
   classes:
     interactive: {{pool: interactive, ttft_p99_s: 30.0, tpot_p99_s: 1.0, max_wait_s: 30.0}}
-    offline: {{pool: offline, ttft_p99_s: null, tpot_p99_s: null, completion_deadline_s: 600,
+    # no `pool:` (routed to the pool named offline): the one-pool stacks run this policy too
+    offline: {{ttft_p99_s: null, tpot_p99_s: null, completion_deadline_s: 600,
               max_wait_s: 60.0, shed_by_deadline: false}}
 """
 

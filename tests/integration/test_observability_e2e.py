@@ -60,6 +60,7 @@ UNREACHED = {
     "omnigate_client_disconnects": "the script has no disconnect (tests/gateway/test_proxy.py cuts streams)",
     "omnigate_loans_revoked": "lending is off by default (test_admission_e2e.py revokes loans)",
     "omnigate_preempted": "one band, one tenant: nothing to preempt for (test_admission_e2e.py preempts)",
+    "omnigate_circuit_transitions": "no circuit opens here (tests/gateway/test_circuit_e2e.py opens one)",
 }
 FAST = 50.0  # sim time scale: virtual seconds per wall second
 
@@ -235,10 +236,19 @@ async def test_a_failing_job_alerts_webhook_and_wecom_with_every_field(
         job = {"x-omnigate-job": "job-42"}
         failed = [await c.post("/v1/chat/completions", json=text_body(), headers=job) for _ in range(3)]
     assert [r.status_code for r in failed] == [502] * 3
-    hook = await receiver.wait_for("/fail-hook", 2)  # the job's one alert, then the window's summary
-    wecom = await receiver.wait_for("/fail-wecom", 2)
+    # the job's one alert, the circuit opening at the third failure in a row, then the window's summary
+    hook = await receiver.wait_for("/fail-hook", 3)
+    wecom = await receiver.wait_for("/fail-wecom", 3)
 
-    first, summary = hook
+    first, opened, summary = hook
+    assert (opened["kind"], opened["rule"]) == ("firing", "circuit")
+    assert opened["title"] == f"Circuit open: {pool}-0"
+    assert opened["fields"] == {
+        "pool": pool,
+        "backend": f"{pool}-0",
+        "from": "closed",
+        "reason": "3 failures in a row",
+    }
     assert (first["kind"], first["status"], first["title"]) == (
         "failure",
         "firing",
@@ -266,7 +276,7 @@ async def test_a_failing_job_alerts_webhook_and_wecom_with_every_field(
     shown = {k: "0" if k == "backend KV usage" else str(v) for k, v in expected.items()}
     assert content[0] == '### <font color="warning">FAILED</font> Batch job job-42 failed (502)'
     assert content[1:-1] == [f'> {k}: <font color="comment">{v}</font>' for k, v in shown.items()]
-    assert wecom[1]["markdown"]["content"].startswith(
+    assert wecom[2]["markdown"]["content"].startswith(
         '### <font color="warning">FAILED</font> 2 more failures'
     )
 
@@ -285,8 +295,10 @@ async def test_dead_and_hung_sinks_never_hold_up_requests(
         traffic_class=cls,
         backends=[s.url for s in sims],
         tenant=_tenant(tenant),
-        # threshold rules off and no storm folding: exactly one notification per failed request
+        # threshold rules off and no storm folding: exactly one notification per failed request; no
+        # circuit breaker (every request fails: it would open and turn the rest into 503s, alerting nobody)
         policy_alerts={"enabled": False, "failure_burst": 1000, "failure_window_s": 3600},
+        circuit={"consecutive_failures": None, "failure_ratio": None},
         alerts={
             "sinks": [
                 {"kind": "webhook", "name": "e2e-dead-refused", "url": dead_url() + "/hook"},
@@ -303,9 +315,6 @@ async def test_dead_and_hung_sinks_never_hold_up_requests(
     answers: list[httpx.Response] = []
     async with httpx.AsyncClient(base_url=gw.url, headers=_auth(tenant), timeout=20) as c:
         await wait_scraped(c, gw)
-        # Two at a time: each request's open (a success) comes before its failure, so with two in flight a
-        # backend never sees the 3 failures in a row that open its circuit and turn the rest into 503s,
-        # which are rejections and alert nobody.
         limiter = anyio.CapacityLimiter(2)
         body = text_body(max_tokens=8, stream=True)
 

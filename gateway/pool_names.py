@@ -1,0 +1,56 @@
+"""The policy checked against the config it runs with: every pool the policy names must exist.
+
+The policy is tuned live and the pools are fixed at start, so a typo in a pool name (`budgets.pools.
+interactve`) would otherwise be accepted and silently ignored. Only what the policy file itself writes is
+checked: the code defaults name the usual pools (`interactive`, `offline`), and a default that names a pool
+this deployment does not run changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator
+
+from pydantic import BaseModel
+
+from gateway.policy import Policy, PolicyError
+
+
+def _written(model: BaseModel, *path: str) -> bool:
+    """True if the policy file set the field at `path` (not left to its default)."""
+    node: BaseModel = model
+    for name in path:
+        if name not in node.model_fields_set:
+            return False
+        node = getattr(node, name)
+    return True
+
+
+def pool_references(policy: Policy) -> Iterator[tuple[str, str]]:
+    """(field, pool name) for every pool the policy file names."""
+    for name in policy.pools:
+        yield f"pools.{name}", name
+    for name in policy.budgets.pools:
+        yield f"budgets.pools.{name}", name
+    if _written(policy, "window", "accumulate"):
+        for name in policy.window.accumulate:
+            yield f"window.accumulate.{name}", name
+    if _written(policy, "queue", "classes"):
+        for cls, slo in policy.queue.classes.items():
+            if slo.pool is not None:
+                yield f"queue.classes.{cls}.pool", slo.pool
+    for name in policy.alerts.queue_depth_per_pool:
+        yield f"alerts.queue_depth_per_pool.{name}", name
+
+
+def unknown_pools(policy: Policy, pools: Collection[str]) -> list[str]:
+    """One line per field that names a pool not in `pools`."""
+    refs = pool_references(policy)
+    return [f"{field}: no pool named {name!r}" for field, name in refs if name not in pools]
+
+
+def check_pools(policy: Policy, pools: Collection[str], source: str = "<policy>") -> None:
+    """Raise PolicyError naming every field that names a pool the config does not run."""
+    errors = unknown_pools(policy, pools)
+    if errors:
+        known = ", ".join(sorted(pools))
+        raise PolicyError(f"{source}: {'; '.join(errors)} (the config's pools: {known})")
