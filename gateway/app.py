@@ -65,9 +65,11 @@ def _routes(gw: Gateway) -> list[BaseRoute]:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
+        """Every pool has a backend up, and the replica is not draining (SIGTERM: gateway/drain.py)."""
         pools = {name: pool.ready() for name, pool in gw.pools.items()}
-        ok = all(pools.values())
-        return JSONResponse({"ready": ok, "pools": pools}, status_code=200 if ok else 503)
+        ok = all(pools.values()) and not gw.drain.draining
+        body = {"ready": ok, "draining": gw.drain.draining, "pools": pools}
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     async def prom(request: Request) -> Response:
         gw.live.export_gauges()

@@ -34,9 +34,8 @@ def _setup_logging(level: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from gateway.app import create_app
+    from gateway.server import serve
 
     _setup_logging(args.log_level)
     try:
@@ -52,16 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (ConfigError, PolicyError) as e:
         print(f"omnigate: {e}", file=sys.stderr)
         return 2
-    uvicorn.run(
-        app,
-        host=config.listen.host,
-        port=config.listen.port,
-        log_level="warning",
-        access_log=False,
-        loop="auto",
-        http="auto",
-        timeout_graceful_shutdown=10,
-    )
+    serve(app, config.listen.host, config.listen.port, app.state.gateway.drain, config.shutdown.drain_s)
     return 0
 
 

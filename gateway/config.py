@@ -106,6 +106,15 @@ class AuthConfig(Frozen):
     required: bool = Field(True, description="Require a tenant API key on /v1 routes.")
 
 
+class ShutdownConfig(Frozen):
+    drain_s: float = Field(
+        20.0,
+        ge=0,
+        description="After SIGTERM: how long requests already on a backend may run before the process "
+        "exits (it exits sooner once none is left). Queued and new requests get 503 shutting_down at once.",
+    )
+
+
 class LimitsConfig(Frozen):
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0)
 
@@ -176,6 +185,7 @@ class GatewayConfig(Frozen):
     auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
     store: StoreConfig = Field(default_factory=lambda: StoreConfig())
     limits: LimitsConfig = Field(default_factory=lambda: LimitsConfig())
+    shutdown: ShutdownConfig = Field(default_factory=lambda: ShutdownConfig())
     pools: tuple[PoolConfig, ...]
     alerts: AlertsConfig = Field(default_factory=lambda: AlertsConfig())
     tenants: tuple[FrozenDict[str, Any], ...] = Field(

@@ -70,6 +70,7 @@ class ErrorCode(StrEnum):
     DISPLACED = "displaced"
     NO_HEALTHY_BACKEND = "no_healthy_backend"
     NO_BACKEND = "no_backend"
+    SHUTTING_DOWN = "shutting_down"
     # the backend
     BACKEND_CONNECT = "backend_connect"
     BACKEND_FIRST_BYTE = "backend_first_byte"
@@ -89,6 +90,7 @@ class RejectionReason(StrEnum):
     QUEUE_FULL = "queue_full"
     BAD_INPUT = "bad_input"
     BACKEND_ERROR = "backend_error"
+    SHUTTING_DOWN = "shutting_down"
 
 
 _REASON_OF_CODE: dict[str | None, RejectionReason] = {
@@ -98,6 +100,7 @@ _REASON_OF_CODE: dict[str | None, RejectionReason] = {
     ErrorCode.QUEUE_TIMEOUT: RejectionReason.QUEUE_FULL,
     ErrorCode.DAILY_BUDGET_EXCEEDED: RejectionReason.BUDGET,
     ErrorCode.MONTHLY_BUDGET_EXCEEDED: RejectionReason.BUDGET,
+    ErrorCode.SHUTTING_DOWN: RejectionReason.SHUTTING_DOWN,
 }
 CAPACITY_REJECTIONS = frozenset(
     {RejectionReason.SLO_UNATTAINABLE, RejectionReason.DISPLACED, RejectionReason.QUEUE_FULL}

@@ -118,6 +118,10 @@ class CompletionEndpoint:
         self.path = upstream_path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with self.gw.drain.request():
+            await self._exchange(scope, receive, send)
+
+    async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
         ex = Exchange(send)
         ticket = Ticket(id=scope["state"]["request_id"], model="", stream=False, arrival=self.gw.clock())
@@ -125,6 +129,7 @@ class CompletionEndpoint:
         policy = self.gw.policy.current  # this request keeps this policy object to the end
         error: str | None = None
         try:
+            self.gw.drain.refuse_if_draining()
             tenant = await self.gw.authenticate(request)
             ticket.tenant = tenant.id
             raw = await read_body(request, self.gw.config.limits.max_body_bytes)
@@ -224,7 +229,8 @@ class CompletionEndpoint:
         scheduler = self.gw.schedulers[pool.name]
         requeued = False
         while True:
-            lease = await scheduler.acquire(ticket, exclude=exclude, requeued=requeued)
+            with self.gw.drain.waiting():  # a drain answers the queued at once: 503 shutting_down
+                lease = await scheduler.acquire(ticket, exclude=exclude, requeued=requeued)
             backend = lease.backend
             owner = self.gw.pools[backend.pool]  # differs from `pool` when an idle backend is lent
             payload = owner.kind.payload(body, lease.engine_priority)

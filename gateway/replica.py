@@ -19,6 +19,7 @@ from gateway.backends.circuit import CircuitState, Transition
 from gateway.backends.pool import Pool
 from gateway.backends.settings import CircuitPolicy
 from gateway.config import GatewayConfig
+from gateway.drain import Drain
 from gateway.estimate.estimator import Estimator
 from gateway.livestate import LiveState
 from gateway.observability import record
@@ -47,6 +48,7 @@ class Gateway:
     ) -> None:
         self.config = config
         self.clock = clock
+        self.drain = Drain()
         self.policy = policy or PolicyHolder(config.policy_path)
         current = self.policy.current
         self.pool_names = frozenset(p.name for p in config.pools)

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 START_TIMEOUT_S = 60.0
-GATEWAY_STOP_S = 12.0  # uvicorn's graceful shutdown in `omnigate serve` is 10 s
+GATEWAY_STOP_S = 12.0  # the demo config's `shutdown.drain_s` (8 s), then the server's close
 SIM_STOP_S = 5.0
 
 
@@ -103,7 +103,7 @@ async def _stop_group(children: list[Child], grace_s: float) -> None:
 
 
 def _ending(code: int | None) -> str:
-    """uvicorn re-raises SIGTERM after its graceful shutdown, so -15 is the normal ending."""
+    """The gateway drains and exits 0 on SIGTERM; the simulators' uvicorn re-raises it (-15)."""
     names = {-signal.SIGTERM: "terminated", -signal.SIGKILL: "killed", 0: "exited"}
     return names.get(code or 0, f"exit {code}")
 

@@ -163,7 +163,11 @@ def test_mid_stream_failure_sends_error_event_then_done(start_backend, start_gat
 def test_no_healthy_backend_is_503(start_gateway):
     gw = start_gateway([dead_url()])
     wait_for(lambda: httpx.get(f"{gw.url}/readyz").status_code == 503)
-    assert httpx.get(f"{gw.url}/readyz").json() == {"ready": False, "pools": {"interactive": False}}
+    assert httpx.get(f"{gw.url}/readyz").json() == {
+        "ready": False,
+        "draining": False,
+        "pools": {"interactive": False},
+    }
     resp = _post(gw.url, CHAT)
     assert resp.status_code == 503
     assert resp.json()["error"]["code"] == "no_healthy_backend"
