@@ -145,7 +145,7 @@ class House:
             budgets = policy["budgets"]
             own = {key: value for key, value in budgets.items() if key != "pools"}
             budgets["pools"] = {"interactive": {**own, "lend": lend}}
-        else:  # one pool: offline work runs on it (a policy may name no other: gateway/pool_names.py)
+        else:  # one pool: offline work runs on it (a policy may name no other: gateway/policy_refs.py)
             policy["queue"]["classes"]["offline"]["pool"] = "interactive"
             policy["window"]["accumulate"].pop("offline")
         (work / f"{name}-policy.yaml").write_text(yaml.safe_dump(policy))

@@ -19,6 +19,7 @@ from gateway.admin_auth import require_admin
 from gateway.asgi import RequestIdMiddleware
 from gateway.config import GatewayConfig
 from gateway.errors import ApiError, ErrorCode
+from gateway.model_list import model_card, model_cards
 from gateway.observability import metrics
 from gateway.pipeline import CompletionEndpoint
 from gateway.reloader import PolicyHolder
@@ -55,11 +56,13 @@ _ADMIN_OPENAPI: dict[str, Any] = {
 def _routes(gw: Gateway) -> list[BaseRoute]:
     async def models(request: Request) -> Response:
         await gw.authenticate(request)  # like OpenAI: the model list is for key holders
-        data = [
-            {"id": m, "object": "model", "created": 0, "owned_by": "omnigate"}
-            for m in sorted(gw.router.models)
-        ]
+        data = model_cards(gw.router.models, gw.policy.current.model_aliases)
         return JSONResponse({"object": "list", "data": data})
+
+    async def one_model(request: Request) -> Response:
+        await gw.authenticate(request)
+        model_id = request.path_params["model"]
+        return JSONResponse(model_card(model_id, gw.router.models, gw.policy.current.model_aliases))
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -100,7 +103,9 @@ def _routes(gw: Gateway) -> list[BaseRoute]:
             "/v1/chat/completions", CompletionEndpoint(gw, "chat", "/v1/chat/completions"), methods=["POST"]
         ),
         Route("/v1/completions", CompletionEndpoint(gw, "completions", "/v1/completions"), methods=["POST"]),
+        Route("/v1/embeddings", CompletionEndpoint(gw, "embeddings", "/v1/embeddings"), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", one_model, methods=["GET"]),
         usage_route(gw.tenants),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),

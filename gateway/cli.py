@@ -13,7 +13,7 @@ import orjson
 
 from gateway.config import ConfigError, load_config
 from gateway.policy import Policy, PolicyError, diff_policies, load_policy, policy_schema
-from gateway.pool_names import check_pools
+from gateway.policy_refs import check_refs
 
 
 def _setup_logging(level: str) -> None:
@@ -79,7 +79,7 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
     try:
         new = load_policy(args.file)
         if args.config:
-            check_pools(new, [p.name for p in load_config(args.config).pools], args.file)
+            check_refs(new, {p.name: p.models for p in load_config(args.config).pools}, args.file)
     except (PolicyError, ConfigError) as e:
         print(f"INVALID {e}")
         return 1
@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     psub = policy.add_subparsers(dest="policy_command", required=True)
     check = psub.add_parser("check", help="validate FILE and diff it against the running or default policy")
     check.add_argument("file")
-    check.add_argument("--config", help="gateway config: check that every pool the policy names runs there")
+    check.add_argument("--config", help="gateway config: check the pools and models the policy names")
     check.add_argument("--url", help="gateway base URL to diff against its running policy")
     check.add_argument("--token", help="admin token (default: $OMNIGATE_ADMIN_TOKEN)")
     check.set_defaults(func=cmd_policy_check)

@@ -14,7 +14,8 @@ from starlette.requests import Request
 
 from gateway.errors import ApiError, ErrorCode
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "embeddings"]
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the items of one embeddings request
 
 
 @dataclass(slots=True)
@@ -119,6 +120,8 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
                     param=f"messages[{i}].content",
                     code=ErrorCode.INVALID_TYPE,
                 )
+    elif endpoint == "embeddings":
+        _check_embedding(body)
     else:
         prompt = body.get("prompt")
         if prompt is None:
@@ -136,6 +139,8 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
                 code=ErrorCode.INVALID_TYPE,
             )
     stream = _expect(body, "stream", (bool,), "a boolean") or False
+    if stream and endpoint == "embeddings":
+        raise ApiError(400, "Embeddings cannot be streamed.", param="stream", code=ErrorCode.INVALID_VALUE)
     for name in ("max_tokens", "max_completion_tokens", "n"):
         value = _expect(body, name, (int,), "an integer")
         if value is not None and value < (0 if name != "n" else 1):
@@ -159,3 +164,54 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
     return ParsedRequest(
         endpoint=endpoint, body=body, model=model, stream=stream, include_usage=include_usage
     )
+
+
+def _is_tokens(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _check_embedding(body: dict[str, Any]) -> None:
+    """`input`: a non-empty string, token ids, or an array of up to 2048 of either; `encoding_format`
+    float or base64; `dimensions` a positive integer."""
+    value = body.get("input")
+    if value is None:
+        raise ApiError(
+            400,
+            "Missing required parameter: 'input'.",
+            param="input",
+            code=ErrorCode.MISSING_REQUIRED_PARAMETER,
+        )
+    items = [value] if isinstance(value, str) or _is_tokens(value) else value
+    if not isinstance(items, list) or not items or len(items) > MAX_EMBEDDING_INPUTS:
+        raise ApiError(
+            400,
+            f"'input' must be a string, an array of token ids, or an array of 1 to {MAX_EMBEDDING_INPUTS} "
+            "of either.",
+            param="input",
+            code=ErrorCode.INVALID_VALUE,
+        )
+    for i, item in enumerate(items):
+        if not (isinstance(item, str) or _is_tokens(item)) or not item:
+            where = "input" if items is not value else f"input[{i}]"
+            raise ApiError(
+                400,
+                f"'{where}' must be a non-empty string or array of token ids.",
+                param=where,
+                code=ErrorCode.INVALID_VALUE,
+            )
+    encoding = _expect(body, "encoding_format", (str,), "a string")
+    if encoding not in (None, "float", "base64"):
+        raise ApiError(
+            400,
+            f"Invalid value for 'encoding_format': {encoding!r} (float or base64).",
+            param="encoding_format",
+            code=ErrorCode.INVALID_VALUE,
+        )
+    dimensions = _expect(body, "dimensions", (int,), "an integer")
+    if dimensions is not None and dimensions < 1:
+        raise ApiError(
+            400,
+            f"Invalid value for 'dimensions': {dimensions}.",
+            param="dimensions",
+            code=ErrorCode.INVALID_VALUE,
+        )

@@ -71,7 +71,8 @@ def engine_latencies(ticket: Ticket) -> tuple[float | None, float | None]:
 
 
 def client_headers(ticket: Ticket) -> dict[str, str]:
-    """What a completion's response tells the client about its way through the gateway."""
+    """What a completion's response tells the client about its way through the gateway, and its tenant's
+    rate limits as OpenAI states them."""
     return {
         "x-omnigate-pool": ticket.pool,
         "x-omnigate-backend": ticket.backend or "",
@@ -79,6 +80,7 @@ def client_headers(ticket: Ticket) -> dict[str, str]:
         "x-omnigate-bucket": ticket.bucket,
         "x-omnigate-priority": str(ticket.priority),
         "x-omnigate-estimated-tokens": str(ticket.cost.total_tokens),
+        **(ticket.rate_limits or {}),
     }
 
 

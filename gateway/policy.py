@@ -67,6 +67,11 @@ class Policy(Frozen):
     buckets: BucketPolicy = Field(default_factory=BucketPolicy)
     tenant_defaults: TenantDefaults = Field(default_factory=TenantDefaults)
     alerts: AlertThresholds = Field(default_factory=AlertThresholds)
+    model_aliases: FrozenDict[str, str] = Field(
+        default_factory=dict,
+        description="Alias → a model the pools serve: requests may name the alias (it is listed in "
+        "/v1/models); the engine is sent the served name.",
+    )
 
     @model_validator(mode="before")
     @classmethod

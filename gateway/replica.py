@@ -27,7 +27,7 @@ from gateway.observability.accesslog import AccessLog
 from gateway.observability.manager import AlertManager
 from gateway.observability.rolling import SloTracker
 from gateway.policy import Policy
-from gateway.pool_names import check_pools
+from gateway.policy_refs import check_refs
 from gateway.reloader import PolicyHolder
 from gateway.stages.admit import Admit
 from gateway.stages.authenticate import Authenticate
@@ -51,8 +51,8 @@ class Gateway:
         self.drain = Drain()
         self.policy = policy or PolicyHolder(config.policy_path)
         current = self.policy.current
-        self.pool_names = frozenset(p.name for p in config.pools)
-        check_pools(current, self.pool_names, str(self.policy.path or "<policy>"))
+        self.served = {p.name: p.models for p in config.pools}
+        check_refs(current, self.served, str(self.policy.path or "<policy>"))
         self.admin_token = config.admin.resolve_token()
         self.estimator = Estimator(current.estimation, current.buckets)
         self.tenants = TenantService.from_config(config.store, config.tenants, current.tenant_defaults)
@@ -112,7 +112,7 @@ class Gateway:
         return self.live.kv_usage(backend)
 
     def _prepare(self, new: Policy) -> Callable[[], None]:
-        check_pools(new, self.pool_names, str(self.policy.path or "<policy>"))
+        check_refs(new, self.served, str(self.policy.path or "<policy>"))
         estimator = self.estimator.reconfigure(new.estimation, new.buckets)
 
         def commit() -> None:

@@ -101,14 +101,15 @@ class ContentPricer:
         cost.text_tokens += p.reply_overhead_tokens
         return cost
 
-    def completion(self, prompt: Any) -> Cost:
-        """`prompt` as str, list of str, token ids, or list of token-id lists (all summed: one batch)."""
+    def completion(self, prompt: Any, field: str = "prompt") -> Cost:
+        """`prompt` (or an embedding request's `input`: `field`) as str, list of str, token ids, or list of
+        token-id lists (all summed: one batch)."""
         cost = Cost()
         if isinstance(prompt, str):
             cost.text_tokens = self.count_text(prompt)
             return cost
         if not isinstance(prompt, list):
-            raise _bad("prompt", f"must be a string or a list, got {type(prompt).__name__}")
+            raise _bad(field, f"must be a string or a list, got {type(prompt).__name__}")
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             cost.text_tokens = len(prompt)
             return cost
@@ -118,7 +119,7 @@ class ContentPricer:
             elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
                 cost.text_tokens += len(item)
             else:
-                raise _bad(f"prompt[{k}]", "must be a string or a list of token ids")
+                raise _bad(f"{field}[{k}]", "must be a string or a list of token ids")
         return cost
 
     def media_lists(self, body: dict[str, Any], cost: Cost) -> None:

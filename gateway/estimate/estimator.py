@@ -96,7 +96,7 @@ class Estimator:
         self,
         body: dict[str, Any],
         *,
-        endpoint: Literal["chat", "completions"],
+        endpoint: Literal["chat", "completions", "embeddings"],
         tenant: str,
         urls: MediaUrlPolicy = _NO_REMOTE_MEDIA,
     ) -> tuple[Cost, str]:
@@ -104,6 +104,11 @@ class Estimator:
         policy `urls` does not allow (default: no remote media), or an oversize prompt."""
         profile = self.profile(body["model"])
         pricer = ContentPricer(profile, self.policy, self._count_text, urls)
+        if endpoint == "embeddings":  # its input is the whole cost: nothing is generated
+            cost = pricer.completion(body["input"], "input")
+            if isinstance(body["input"], str):  # a list is several sequences, each within the context
+                self._check_context(cost, profile)
+            return cost, classify(cost, self.buckets)
         if endpoint == "chat":
             cost = pricer.chat(body["messages"], body.get("tools"))
         else:

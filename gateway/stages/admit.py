@@ -7,7 +7,7 @@ The ticket leaves this stage with its tenant, class, pool, priority, deadline, c
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import anyio
 from starlette.requests import Request
@@ -18,6 +18,7 @@ from gateway.estimate.estimator import Estimator
 from gateway.observability import record
 from gateway.openai_api import ParsedRequest
 from gateway.policy import Policy
+from gateway.ratelimits import ratelimit_headers
 from gateway.stages.route import Router
 from gateway.tenants.models import Tenant
 from gateway.tenants.service import QuotaExceeded, Reservation, TenantService
@@ -27,6 +28,26 @@ QUOTA_WAIT_MAX_S = 60.0  # a tenant that may wait for its quota never waits for 
 # a client deadline only ever tightens the class's; past a week it means nothing, and an unbounded integer
 # would overflow the float clock
 MAX_DEADLINE_MS = 7 * 24 * 3600 * 1000
+
+
+def _priority_header(request: Request, levels: Mapping[str, int]) -> int | None:
+    """`x-priority`: an integer, or one of the policy's level names (`queue.priorities.levels`)."""
+    raw = request.headers.get("x-priority")
+    if raw is None:
+        return None
+    name = raw.strip()
+    if name in levels:
+        return levels[name]
+    try:
+        return int(name)
+    except ValueError:
+        names = ", ".join(sorted(levels, key=levels.__getitem__, reverse=True))
+        raise ApiError(
+            400,
+            f"Header 'x-priority' must be an integer or a priority level name ({names}).",
+            param="x-priority",
+            code=ErrorCode.INVALID_HEADER,
+        ) from None
 
 
 def _int_header(request: Request, name: str) -> int | None:
@@ -61,6 +82,9 @@ class Admit:
     ) -> tuple[Pool, Reservation | None]:
         """Classify, price and reserve quota; the returned reservation must reach the finish stage."""
         ticket.tenant = tenant.id
+        served = policy.model_aliases.get(parsed.model)
+        if served is not None:  # the engines know the served name only
+            parsed.body["model"] = parsed.model = ticket.model = served
         self.tenants.check_model(tenant, parsed.model)
         requested = request.headers.get("x-omnigate-class")
         traffic_class = self.tenants.traffic_class(tenant, requested)
@@ -75,9 +99,8 @@ class Admit:
         pool = self.router.route(parsed.model, traffic_class, policy)
         ticket.pool = pool.name
         levels = policy.queue.priorities
-        ticket.priority = levels.clamp(
-            self.tenants.effective_priority(tenant, _int_header(request, "x-priority"))
-        )
+        asked = _priority_header(request, levels.levels)
+        ticket.priority = levels.clamp(self.tenants.effective_priority(tenant, asked))
         ticket.band = levels.band(ticket.priority)
         ticket.job_id = request.headers.get("x-omnigate-job")
         deadline_ms = _int_header(request, "x-omnigate-deadline-ms")
@@ -99,7 +122,9 @@ class Admit:
             )
         if not self.reserve_quota:
             return pool, None
-        return pool, await self._reserve(ticket, tenant)
+        reservation = await self._reserve(ticket, tenant)
+        ticket.rate_limits = await self._rate_limits(tenant, reservation.reserved_at)
+        return pool, reservation
 
     async def _reserve(self, ticket: Ticket, tenant: Tenant) -> Reservation:
         """Reserve the estimate; a tenant allowed to wait is held while a refill still meets its deadline."""
@@ -111,5 +136,11 @@ class Admit:
             except QuotaExceeded as e:
                 wait = e.retry_after or 0.0
                 if not e.wait_allowed or self.clock() + wait >= ticket.deadline or wait > QUOTA_WAIT_MAX_S:
+                    e.headers.update(await self._rate_limits(tenant))
                     raise
                 await anyio.sleep(wait)
+
+    async def _rate_limits(self, tenant: Tenant, at: float | None = None) -> dict[str, str]:
+        """OpenAI's x-ratelimit-* headers for the tenant's per-minute limits, as they stand `at` (the
+        reservation's moment; default now)."""
+        return ratelimit_headers(tenant.quotas, await self.tenants.minute_levels(tenant, at))

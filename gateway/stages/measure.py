@@ -69,7 +69,8 @@ class Measure:
                     tpot_slo=tpot_slo,
                     failed=ticket.outcome in FAILED_OUTCOMES,
                 )
-            if ticket.outcome == Outcome.OK and ticket.usage is not None:
+            # the output learner learns from generations only (an embedding's cost has no output part)
+            if ticket.outcome == Outcome.OK and ticket.usage is not None and ticket.cost.max_output_tokens:
                 self.estimator().observe(ticket.tenant, ticket.bucket, ticket.usage.completion_tokens)
         if ticket.outcome == Outcome.CANCELLED and ticket.pool:
             metrics.CLIENT_DISCONNECTS.labels(ticket.pool).inc()

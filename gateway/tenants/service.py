@@ -24,7 +24,7 @@ from gateway.schema import describe
 from gateway.tenants import metrics
 from gateway.tenants.memory_store import MemoryStore
 from gateway.tenants.models import KeyRecord, Tenant, TenantCreate, TenantPatch, TenantSpec, hash_key, new_key
-from gateway.tenants.quota import LIMIT_TEXT, Charge, Denial, QuotaBook
+from gateway.tenants.quota import BUCKET_LIMITS, LIMIT_TEXT, Charge, Denial, QuotaBook
 from gateway.tenants.settings import TenantDefaults
 from gateway.tenants.store import Store, StoreUnavailable
 from gateway.tenants.usage import usage_report
@@ -247,6 +247,17 @@ class TenantService:
             metrics.QUOTA_DENIALS.labels(denial.limit).inc()
             raise QuotaExceeded(tenant, denial)
         return res
+
+    async def minute_levels(self, tenant: Tenant, now: float | None = None) -> dict[str, float]:
+        """Read-only: the current level of each per-minute limit the tenant has (the `x-ratelimit-*`
+        response headers). Empty when it has none; during a store outage, the local fail-open levels."""
+        if not any(getattr(tenant.quotas, name) is not None for name in BUCKET_LIMITS):
+            return {}
+        now = self.clock() if now is None else now
+        try:
+            return await self.store.levels(tenant.id, tenant.quotas, now)
+        except StoreUnavailable:
+            return self.local.levels(tenant.id, tenant.quotas, now)
 
     async def reconcile(
         self, reservation: Reservation, actual_in: int, actual_out: int, now: float | None = None

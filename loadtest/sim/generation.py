@@ -125,7 +125,7 @@ class Generator:
 
     async def _complete(self, call: Call, handle: Handle, request: Request) -> Response:
         done = asyncio.ensure_future(self._drain(handle))
-        gone = asyncio.ensure_future(_wait_disconnect(request))
+        gone = asyncio.ensure_future(wait_disconnect(request))
         try:
             await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -217,7 +217,7 @@ def _meta(req: SimRequest) -> dict[str, Any]:
     }
 
 
-async def _wait_disconnect(request: Request) -> None:
+async def wait_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":

@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from loadtest.sim.config import SimConfig
+from loadtest.sim.embeddings import Embedder
 from loadtest.sim.engine import Engine
 from loadtest.sim.faults import FaultInjector
 from loadtest.sim.generation import Call, Generator, int_field
@@ -52,6 +53,7 @@ class SimBackend:
         self.counter = PromptCounter(self.profile)
         self.runner: EngineRunner | None = None
         self.generator: Generator | None = None
+        self.embedder: Embedder | None = None
         self.clock = VirtualClock(config.time_scale)
 
     @contextlib.asynccontextmanager
@@ -59,6 +61,7 @@ class SimBackend:
         self.clock = VirtualClock(self.config.time_scale)
         self.runner = EngineRunner(self.engine, self.clock, self.metrics)
         self.generator = Generator(self.profile, self.runner, self.faults, self.config.seed)
+        self.embedder = Embedder(self.counter, self.runner, self.faults, self.generator.context_len)
         self.runner.start()
         try:
             yield
@@ -84,6 +87,13 @@ class SimBackend:
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, "completion")
+
+    async def embeddings(self, request: Request) -> Response:
+        body = await self._body(request, openai=True)
+        if isinstance(body, Response):
+            return body
+        assert self.embedder is not None, "lifespan not started"
+        return await self.embedder.handle(body, request)
 
     async def native_generate(self, request: Request) -> Response:
         return await self._generate(request, "generate")
@@ -337,6 +347,7 @@ def create_app(config: SimConfig | None = None) -> Starlette:
     routes = [
         Route("/v1/chat/completions", sim.chat, methods=["POST"]),
         Route("/v1/completions", sim.completions, methods=["POST"]),
+        Route("/v1/embeddings", sim.embeddings, methods=["POST"]),
         Route("/generate", sim.native_generate, methods=["POST"]),
         Route("/v1/models", sim.models, methods=["GET"]),
         Route("/v1/models/{model:path}", sim.one_model, methods=["GET"]),

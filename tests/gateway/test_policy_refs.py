@@ -1,5 +1,5 @@
-"""Every pool a policy names must exist in the config: at start, at reload, in `omnigate policy check`, and
-a class that routes to no pool serving the model is one clear 400."""
+"""Every pool a policy names must exist in the config and every model alias name a served model: at start,
+at reload, in `omnigate policy check`; a class that routes to no pool serving the model is one clear 400."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from gateway.backends.pool import Pool
 from gateway.config import PoolConfig, parse_config
 from gateway.errors import ApiError
 from gateway.policy import PolicyError, parse_policy
-from gateway.pool_names import check_pools, unknown_pools
+from gateway.policy_refs import check_refs, unknown_refs
 from gateway.reloader import PolicyHolder
 from gateway.replica import Gateway
 from gateway.stages.route import Router
 from omnigate.cli import main
 
-POOLS = ("interactive", "offline")
+POOLS = {"interactive": ("m",), "offline": ("m",)}
 TYPOS = {
     "pools": {"interactve": {"retries": 0}},
     "budgets": {"pools": {"ofline": {"kv_watermark": 0.9}}},
@@ -32,7 +32,7 @@ TYPOS = {
 
 def test_every_field_naming_a_missing_pool_is_reported() -> None:
     policy = parse_policy({"version": 1, **TYPOS})
-    assert unknown_pools(policy, POOLS) == [
+    assert unknown_refs(policy, POOLS) == [
         "pools.interactve: no pool named 'interactve'",
         "budgets.pools.ofline: no pool named 'ofline'",
         "window.accumulate.batch: no pool named 'batch'",
@@ -40,17 +40,29 @@ def test_every_field_naming_a_missing_pool_is_reported() -> None:
         "alerts.queue_depth_per_pool.interactiv: no pool named 'interactiv'",
     ]
     with pytest.raises(PolicyError) as info:
-        check_pools(policy, POOLS, "p.yaml")
+        check_refs(policy, POOLS, "p.yaml")
     assert str(info.value).startswith("p.yaml: pools.interactve: no pool named 'interactve'; budgets.")
     assert str(info.value).endswith("(the config's pools: interactive, offline)")
 
 
 def test_defaults_naming_pools_a_deployment_lacks_are_not_errors_but_written_ones_are() -> None:
     # the code defaults name `offline` (its class, its accumulate mode): inert without such a pool
-    assert unknown_pools(parse_policy({"version": 1}), ["interactive"]) == []
-    assert unknown_pools(parse_policy({"version": 1, "window": {"max_window_s": 0.1}}), ["interactive"]) == []
+    one = {"interactive": ("m",)}
+    assert unknown_refs(parse_policy({"version": 1}), one) == []
+    assert unknown_refs(parse_policy({"version": 1, "window": {"max_window_s": 0.1}}), one) == []
     written = parse_policy({"version": 1, "window": {"accumulate": {"offline": {"tokens": 100}}}})
-    assert unknown_pools(written, ["interactive"]) == ["window.accumulate.offline: no pool named 'offline'"]
+    assert unknown_refs(written, one) == ["window.accumulate.offline: no pool named 'offline'"]
+
+
+def test_model_aliases_must_name_a_served_model_and_not_shadow_one() -> None:
+    pools = {"interactive": ("qwen", "llava"), "offline": ("qwen-batch",)}
+    good = parse_policy({"version": 1, "model_aliases": {"gpt-4o-mini": "qwen", "batch": "qwen-batch"}})
+    assert unknown_refs(good, pools) == []
+    bad = parse_policy({"version": 1, "model_aliases": {"gpt-4o": "qwne", "llava": "qwen"}})
+    assert unknown_refs(bad, pools) == [
+        "model_aliases.gpt-4o: no pool serves model 'qwne'",
+        "model_aliases.llava: a served model's own name cannot be an alias",
+    ]
 
 
 def _config(tmp_path: Path, policy: dict) -> Path:

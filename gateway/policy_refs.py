@@ -1,4 +1,5 @@
-"""The policy checked against the config it runs with: every pool the policy names must exist.
+"""The policy checked against the config it runs with: every pool it names exists, every model alias
+names a served model.
 
 The policy is tuned live and the pools are fixed at start, so a typo in a pool name (`budgets.pools.
 interactve`) would otherwise be accepted and silently ignored. Only what the policy file itself writes is
@@ -8,7 +9,7 @@ this deployment does not run changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 
 from pydantic import BaseModel
 
@@ -42,15 +43,23 @@ def pool_references(policy: Policy) -> Iterator[tuple[str, str]]:
         yield f"alerts.queue_depth_per_pool.{name}", name
 
 
-def unknown_pools(policy: Policy, pools: Collection[str]) -> list[str]:
-    """One line per field that names a pool not in `pools`."""
+def unknown_refs(policy: Policy, pools: Mapping[str, Collection[str]]) -> list[str]:
+    """One line per field that names a pool not in `pools` (pool name → the models it serves) or aliases
+    a model no pool serves."""
     refs = pool_references(policy)
-    return [f"{field}: no pool named {name!r}" for field, name in refs if name not in pools]
+    errors = [f"{field}: no pool named {name!r}" for field, name in refs if name not in pools]
+    served = {model for models in pools.values() for model in models}
+    for alias, model in policy.model_aliases.items():
+        if alias in served:
+            errors.append(f"model_aliases.{alias}: a served model's own name cannot be an alias")
+        elif model not in served:
+            errors.append(f"model_aliases.{alias}: no pool serves model {model!r}")
+    return errors
 
 
-def check_pools(policy: Policy, pools: Collection[str], source: str = "<policy>") -> None:
-    """Raise PolicyError naming every field that names a pool the config does not run."""
-    errors = unknown_pools(policy, pools)
+def check_refs(policy: Policy, pools: Mapping[str, Collection[str]], source: str = "<policy>") -> None:
+    """Raise PolicyError naming every field that names a pool or a model the config does not run."""
+    errors = unknown_refs(policy, pools)
     if errors:
         known = ", ".join(sorted(pools))
         raise PolicyError(f"{source}: {'; '.join(errors)} (the config's pools: {known})")
