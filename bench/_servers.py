@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import orjson
 
@@ -349,11 +349,13 @@ def start_omnigate(
     access_log: bool,
     policy: str = PASS_THROUGH_POLICY,
     src: Path | None = None,
+    limits: dict[str, Any] | None = None,
 ) -> int:
     """Generate a one-pool config + policy in the work dir and run `omnigate serve` on it.
 
     Without the access log the process also runs at log level warning, so nothing is logged per request.
     `src`: run the `gateway` package of that source tree instead (e.g. an older commit, for before/after).
+    `limits`: the config's `limits` section (edge limits, body size); the defaults when None.
     """
     port = free_port()
     policy_path = procs.workdir / f"{name}-policy.yaml"
@@ -367,6 +369,7 @@ def start_omnigate(
         "store": {"kind": "memory"},
         "access_log": access_log,
         "pools": [{"name": "bench", "models": [MODEL], "backends": [f"http://127.0.0.1:{backend_port}"]}],
+        "limits": limits or {},
     }
     path = procs.workdir / f"{name}.yaml"
     path.write_bytes(orjson.dumps(config))  # JSON is YAML

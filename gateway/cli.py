@@ -51,7 +51,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (ConfigError, PolicyError) as e:
         print(f"omnigate: {e}", file=sys.stderr)
         return 2
-    serve(app, config.listen.host, config.listen.port, app.state.gateway.drain, config.shutdown.drain_s)
+    gateway = app.state.gateway
+    serve(app, config.listen.host, config.listen.port, config.limits, gateway.drain, config.shutdown.drain_s)
     return 0
 
 

@@ -116,7 +116,21 @@ class ShutdownConfig(Frozen):
 
 
 class LimitsConfig(Frozen):
+    """What one client may hold: the body size, and the HTTP limits at the edge (gateway/edge.py)."""
+
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    max_header_bytes: int = Field(
+        32 * 1024, ge=1024, description="Request line and headers together; beyond: 431 and close."
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="From a connection's start, or a request's first byte, to its last header."
+    )
+    keepalive_timeout_s: int = Field(
+        30, ge=1, description="An idle kept-alive connection closes after this (above the load balancer's)."
+    )
+    max_connections: int = Field(
+        2048, ge=1, description="Open client connections; one more is answered 503 and closed."
+    )
 
 
 SinkKind = Literal["webhook", "wecom", "slack"]

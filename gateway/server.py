@@ -18,7 +18,9 @@ from types import FrameType
 import uvicorn
 from starlette.applications import Starlette
 
+from gateway.config import LimitsConfig
 from gateway.drain import Drain
+from gateway.edge import edge_protocol
 
 log = logging.getLogger("omnigate")
 
@@ -54,8 +56,8 @@ class GatewayServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def serve(app: Starlette, host: str, port: int, drain: Drain, drain_s: float) -> None:
-    """Run `app` until a signal and its drain end it."""
+def serve(app: Starlette, host: str, port: int, limits: LimitsConfig, drain: Drain, drain_s: float) -> None:
+    """Run `app` with the edge limits (gateway/edge.py) until a signal and its drain end it."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -63,7 +65,8 @@ def serve(app: Starlette, host: str, port: int, drain: Drain, drain_s: float) ->
         log_level="warning",
         access_log=False,
         loop="auto",
-        http="auto",
+        http=edge_protocol(limits),
+        timeout_keep_alive=limits.keepalive_timeout_s,
         timeout_graceful_shutdown=CLOSE_GRACE_S,
     )
     GatewayServer(config, drain, drain_s).run()

@@ -93,6 +93,13 @@ CLIENT_DISCONNECTS = Counter(
     ["pool"],
     registry=REGISTRY,
 )
+EDGE_REFUSALS = Counter(
+    "omnigate_edge_refusals_total",
+    "Connections answered and closed at the edge, by reason (headers_too_large, header_timeout, "
+    "too_many_connections, bad_request).",
+    ["reason"],
+    registry=REGISTRY,
+)
 POLICY_RELOADS = Counter(
     "omnigate_policy_reloads_total",
     "Policy reload attempts by result (applied, unchanged, invalid).",

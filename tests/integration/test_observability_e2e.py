@@ -61,6 +61,7 @@ UNREACHED = {
     "omnigate_loans_revoked": "lending is off by default (test_admission_e2e.py revokes loans)",
     "omnigate_preempted": "one band, one tenant: nothing to preempt for (test_admission_e2e.py preempts)",
     "omnigate_circuit_transitions": "no circuit opens here (tests/gateway/test_circuit_e2e.py opens one)",
+    "omnigate_edge_refusals": "no connection is refused at the edge (tests/gateway/test_edge_e2e.py)",
 }
 FAST = 50.0  # sim time scale: virtual seconds per wall second
 
@@ -153,7 +154,7 @@ async def test_metric_names_and_label_sets_are_stable_after_a_scripted_run(
             "messages": [{"role": "user", "content": [image_part("http://example.invalid/a.png")]}],
         }
         remote_media = await c.post("/v1/chat/completions", json=remote)  # the sim cannot fetch: 400
-        bad = await c.post("/v1/chat/completions", json=text, headers={"x-priority": "high"})
+        bad = await c.post("/v1/chat/completions", json=text, headers={"x-priority": "urgent"})
         for sim in sims:
             await set_faults(c, sim, error_rate=1.0)
         broken = await c.post("/v1/chat/completions", json=text)  # fails on one sim, retried, fails again

@@ -160,11 +160,17 @@ class Processes:
         return child.start()
 
     def gateway(
-        self, config: Path, name: str = "gateway", port: int | None = None, env: dict[str, str] | None = None
+        self,
+        config: Path,
+        name: str = "gateway",
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+        ready_path: str = "/readyz",
     ) -> ManagedProcess:
-        """`omnigate serve --config config` on its own port; ready when /readyz says every pool is."""
+        """`omnigate serve --config config` on its own port; ready when /readyz says every pool is (or when
+        `ready_path` answers 200, for a gateway whose backends are not meant to be up)."""
         argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", "{port}"]
-        return self._add(name, argv, http_probe("/readyz"), port, env)
+        return self._add(name, argv, http_probe(ready_path), port, env)
 
     def sim(self, *args: str, name: str = "sim", port: int | None = None) -> ManagedProcess:
         """`python -m loadtest.sim --port P args…`; ready when /health answers."""
