@@ -173,14 +173,7 @@ def _is_tokens(value: Any) -> bool:
 def _check_embedding(body: dict[str, Any]) -> None:
     """`input`: a non-empty string, token ids, or an array of up to 2048 of either; `encoding_format`
     float or base64; `dimensions` a positive integer."""
-    value = body.get("input")
-    if value is None:
-        raise ApiError(
-            400,
-            "Missing required parameter: 'input'.",
-            param="input",
-            code=ErrorCode.MISSING_REQUIRED_PARAMETER,
-        )
+    value = _expect(body, "input", (str, list), "a string or an array", required=True)
     items = [value] if isinstance(value, str) or _is_tokens(value) else value
     if not isinstance(items, list) or not items or len(items) > MAX_EMBEDDING_INPUTS:
         raise ApiError(

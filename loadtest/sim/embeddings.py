@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from loadtest.sim.engine import EngineError, SimRequest
 from loadtest.sim.faults import FaultInjector
-from loadtest.sim.generation import int_field, wait_disconnect
+from loadtest.sim.generation import finish_or_abandon, int_field
 from loadtest.sim.responses import error_response, json_response
 from loadtest.sim.runtime import EngineRunner, Handle
 from loadtest.sim.tokens import PromptCounter, PromptError
@@ -128,14 +128,6 @@ class Embedder:
         async def all_done() -> None:
             await asyncio.gather(*(drain(h) for h in handles))
 
-        done = asyncio.ensure_future(all_done())
-        gone = asyncio.ensure_future(wait_disconnect(request))
-        try:
-            await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not done.done():
-                done.cancel()
-        if not done.done() or done.cancelled():
+        if not await finish_or_abandon(all_done(), request):
             return EngineError(400, "The request was aborted.")
         return next((h.req.error for h in handles if h.req.error is not None), None)

@@ -7,7 +7,7 @@ import asyncio
 import math
 import random
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,20 +124,17 @@ class Generator:
         return await self._complete(call, handle, request)
 
     async def _complete(self, call: Call, handle: Handle, request: Request) -> Response:
-        done = asyncio.ensure_future(self._drain(handle))
-        gone = asyncio.ensure_future(wait_disconnect(request))
+        finished = False
         try:
-            await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finished = await finish_or_abandon(self._drain(handle), request)
         finally:
-            gone.cancel()
-            if not done.done():
-                done.cancel()
+            if not finished:
                 self.runner.abort(handle.req.rid)
             self.runner.release(handle)
         req = handle.req
         if req.error is not None:
             return error_response(req.error.status, req.error.message)
-        if req.finish_reason == "abort" or not done.done():
+        if req.finish_reason == "abort" or not finished:
             return error_response(400, "The request was aborted.")
         return json_response(self._body(call, req))
 
@@ -215,6 +212,19 @@ def _meta(req: SimRequest) -> dict[str, Any]:
         "cached_tokens": 0,
         "e2e_latency": e2e,
     }
+
+
+async def finish_or_abandon(work: Coroutine[Any, Any, None], request: Request) -> bool:
+    """Run `work` until it ends or the client disconnects (then it is cancelled); True if it ended."""
+    done = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not done.done():
+            done.cancel()
+    return done.done() and not done.cancelled()
 
 
 async def wait_disconnect(request: Request) -> None:
