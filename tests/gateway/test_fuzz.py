@@ -66,8 +66,9 @@ def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     policy.write_text("version: 1\n")
     with ExitStack() as stack:
         backend = stack.enter_context(serve(make_app(Behaviour(tokens=2))[0]))
-        config = gateway_config([backend.url], policy, access_log=False)
-        pools = [{**p.model_dump(), "models": [MODEL]} for p in config.pools]
+        pools = [
+            {"name": "interactive", "models": [MODEL], "backends": [backend.url], "health_interval_s": 0.2}
+        ]
         config = gateway_config([backend.url], policy, access_log=False, pools=pools)
         yield stack.enter_context(serve(create_app(config))).url
 

@@ -50,7 +50,7 @@ _ENGINE_ONLY = (ENGINE,)
 
 class SGLang(BackendKind):
     name = "sglang"
-    routes = frozenset({"/v1/chat/completions", "/v1/completions"})
+    routes = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})  # embedding models too
 
     def __init__(self, config: PoolConfig) -> None:
         self.priority_scheduling = config.priority_scheduling
