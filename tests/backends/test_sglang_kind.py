@@ -72,7 +72,7 @@ SGLANG_ERROR = orjson.dumps(
         (500, 502, True, True, False, False),
         (501, 502, False, True, False, False),
         (502, 502, True, True, False, False),
-        (503, 503, True, True, True, False),
+        (503, 503, True, False, True, False),
         (504, 502, True, True, False, False),
     ],
 )

@@ -106,7 +106,7 @@ class SGLang(BackendKind):
             return Verdict(
                 error=upstream_error(status, error.body),
                 retry=status in RETRYABLE_STATUS,
-                backend_fault=status >= 500,
+                backend_fault=status >= 500 and status not in OVERLOAD_STATUS,
                 overloaded=status in OVERLOAD_STATUS,
                 client_fault=400 <= status < 500 and status != 429,
             )
