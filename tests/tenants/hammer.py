@@ -1,8 +1,10 @@
 """One "replica" for the shared-quota test: hammer a tenant through its own TenantService on Redis.
 
-Run as `python -m tests.tenants.hammer <redis url> <prefix> <key> <epoch> <scale> <end>`. The clock is scaled
-(`epoch + (time.time() - epoch) * scale`) so a quota minute passes in 60/scale real seconds; both
-processes share `epoch`, hence agree on `now`. Prints one JSON list of [reserved_at, charged_tokens].
+Run as `python -m tests.tenants.hammer <redis url> <prefix> <key> <scale> <span>`. Once connected it prints
+`ready` and reads the shared `epoch` from stdin, so a slow start on a busy machine cannot eat the run. The
+clock is scaled (`epoch + (time.time() - epoch) * scale`) so a quota minute passes in 60/scale real seconds;
+both processes share `epoch`, hence agree on `now`, and hammer until `epoch + span` (scaled). Prints one JSON
+list of [reserved_at, charged_tokens].
 """
 
 from __future__ import annotations
@@ -20,15 +22,19 @@ from gateway.tenants.service import QuotaExceeded, TenantService
 REQUEST_TOKENS = 600
 
 
-async def hammer(
-    url: str, prefix: str, key: str, epoch: float, scale: float, end: float
-) -> list[tuple[float, int]]:
+async def hammer(url: str, prefix: str, key: str, scale: float, span: float) -> list[tuple[float, int]]:
+    epoch = time.time()
+
     def clock() -> float:
         return epoch + (time.time() - epoch) * scale
 
     service = TenantService(RedisStore(url, prefix, clock=clock), clock=clock)
     await service.start()
     tenant = await service.authenticate(f"Bearer {key}")
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    epoch = float(await asyncio.to_thread(sys.stdin.readline))
+    end = epoch + span
     rng = random.Random()
     charged: list[tuple[float, int]] = []
     await asyncio.sleep(max(0.0, epoch - time.time()))
@@ -47,5 +53,5 @@ async def hammer(
 
 if __name__ == "__main__":
     url, prefix, key = sys.argv[1:4]
-    epoch, scale, end = map(float, sys.argv[4:7])
-    sys.stdout.write(orjson.dumps(asyncio.run(hammer(url, prefix, key, epoch, scale, end))).decode())
+    scale, span = map(float, sys.argv[4:6])
+    sys.stdout.write(orjson.dumps(asyncio.run(hammer(url, prefix, key, scale, span))).decode())
