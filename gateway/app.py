@@ -104,6 +104,7 @@ def _routes(gw: Gateway) -> list[BaseRoute]:
         ),
         Route("/v1/completions", CompletionEndpoint(gw, "completions", "/v1/completions"), methods=["POST"]),
         Route("/v1/embeddings", CompletionEndpoint(gw, "embeddings", "/v1/embeddings"), methods=["POST"]),
+        Route("/v1/audio/speech", CompletionEndpoint(gw, "speech", "/v1/audio/speech"), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", one_model, methods=["GET"]),
         usage_route(gw.tenants),

@@ -73,8 +73,14 @@ class RequestIdMiddleware:
                 access_log.info(orjson.dumps(record).decode())
 
 
-async def send_json(send: Send, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+async def send_json(
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: dict[str, str] | None = None,
+    media_type: str = "application/json",
+) -> None:
+    raw_headers = [(b"content-type", media_type.encode()), (b"content-length", str(len(body)).encode())]
     raw_headers += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     await send({"type": "http.response.body", "body": body})

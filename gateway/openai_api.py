@@ -14,7 +14,7 @@ from starlette.requests import Request
 
 from gateway.errors import ApiError, ErrorCode
 
-Endpoint = Literal["chat", "completions", "embeddings"]
+Endpoint = Literal["chat", "completions", "embeddings", "speech"]
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the items of one embeddings request
 
 
@@ -120,8 +120,11 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
                     param=f"messages[{i}].content",
                     code=ErrorCode.INVALID_TYPE,
                 )
+        _check_speech_out(body)
     elif endpoint == "embeddings":
         _check_embedding(body)
+    elif endpoint == "speech":
+        _check_speech(body)
     else:
         prompt = body.get("prompt")
         if prompt is None:
@@ -164,6 +167,59 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
     return ParsedRequest(
         endpoint=endpoint, body=body, model=model, stream=stream, include_usage=include_usage
     )
+
+
+MODALITIES = ("text", "audio")
+
+
+def _check_speech_out(body: dict[str, Any]) -> None:
+    """A chat's `modalities` (text, audio) and `audio: {voice, format}`, as sglang-omni and OpenAI take."""
+    modalities = _expect(body, "modalities", (list,), "an array")
+    if modalities is not None and (
+        not modalities
+        or any(m not in MODALITIES for m in modalities)
+        or len(set(modalities)) < len(modalities)
+    ):
+        raise ApiError(
+            400,
+            f"Invalid value for 'modalities': {modalities!r} (a non-empty array of 'text' and 'audio').",
+            param="modalities",
+            code=ErrorCode.INVALID_VALUE,
+        )
+    audio = _expect(body, "audio", (dict,), "an object")
+    if audio is not None:
+        for key in ("voice", "format"):
+            if key in audio and not isinstance(audio[key], str):
+                raise ApiError(
+                    400,
+                    f"Invalid type for 'audio.{key}': expected a string.",
+                    param=f"audio.{key}",
+                    code=ErrorCode.INVALID_TYPE,
+                )
+
+
+def speaks(body: dict[str, Any]) -> bool:
+    """A validated chat body asks for audio out."""
+    return "audio" in (body.get("modalities") or ())
+
+
+def _check_speech(body: dict[str, Any]) -> None:
+    """/v1/audio/speech: `input` a non-empty string; `voice`, `response_format` strings; `speed` positive."""
+    text = _expect(body, "input", (str,), "a string", required=True)
+    if not text:
+        raise ApiError(
+            400, "Parameter 'input' must not be empty.", param="input", code=ErrorCode.INVALID_VALUE
+        )
+    _expect(body, "voice", (str,), "a string")
+    _expect(body, "response_format", (str,), "a string")
+    speed = _expect(body, "speed", (int, float), "a number")
+    if speed is not None and speed <= 0:
+        raise ApiError(
+            400,
+            f"Invalid value for 'speed': {speed} (must be positive).",
+            param="speed",
+            code=ErrorCode.INVALID_VALUE,
+        )
 
 
 def _is_tokens(value: Any) -> bool:

@@ -1,4 +1,5 @@
-"""The request's way for /v1/chat/completions and /v1/completions, as one straight line.
+"""The request's way for /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/audio/speech, as one
+straight line.
 
 read + validate → route to pool → (admission stages) → acquire a backend → open upstream (retry once before
 the first byte) → relay → finish: release, account, measure. A client disconnect at any point cancels the
@@ -31,6 +32,7 @@ from gateway.proxy import (
     UpstreamTimeout,
     open_upstream,
 )
+from gateway.speech.events import SPEECH_FORMAT_HEADERS, SPEECH_HEADERS, read_json, speech_seconds
 from gateway.sse import SSERelay, error_event
 from gateway.ticket import Outcome, Ticket, Usage
 
@@ -82,6 +84,10 @@ def client_headers(ticket: Ticket) -> dict[str, str]:
         "x-omnigate-estimated-tokens": str(ticket.cost.total_tokens),
         **(ticket.rate_limits or {}),
     }
+
+
+def _int(value: str | None) -> int:
+    return int(value) if value is not None and value.isdigit() else 0
 
 
 class Exchange:
@@ -136,7 +142,7 @@ class CompletionEndpoint:
             ticket.tenant = tenant.id
             raw = await read_body(request, self.gw.config.limits.max_body_bytes)
             parsed = parse_request(raw, self.endpoint)
-            ticket.model, ticket.stream = parsed.model, parsed.stream
+            ticket.model, ticket.stream, ticket.endpoint = parsed.model, parsed.stream, parsed.endpoint
             pool, reservation = await self.gw.admit(ticket, parsed, request, policy, tenant)
             pool.kind.check_route(self.path, parsed.model)
             # A bare watcher task and one scope, not a task group (docs/decisions/0005-disconnect-watcher.md).
@@ -172,7 +178,7 @@ class CompletionEndpoint:
         self, ex: Exchange, ticket: Ticket, parsed: ParsedRequest, pool: Pool, policy: Any
     ) -> None:
         body = parsed.body
-        strip_usage = parsed.stream and not parsed.include_usage
+        strip_usage = parsed.stream and not parsed.include_usage and parsed.endpoint != "speech"
         if strip_usage:
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         headers = {"content-type": "application/json", "x-request-id": ticket.id}
@@ -325,18 +331,33 @@ class CompletionEndpoint:
         body = upstream.first
         now = self.gw.clock()
         ticket.first_token_at = ticket.finished_at = now
-        try:
-            usage = orjson.loads(body).get("usage")
-        except (orjson.JSONDecodeError, AttributeError):
-            usage = None
-        if isinstance(usage, dict):
-            ticket.usage = Usage(
-                int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-            )
+        headers = client_headers(ticket)
+        media_type = upstream.response.headers.get("content-type", "application/json")
+        if ticket.endpoint == "speech":  # raw audio bytes; the server's token counts in its headers
+            up = upstream.response.headers
+            headers.update({k: up[k] for k in (*SPEECH_HEADERS, *SPEECH_FORMAT_HEADERS) if k in up})
+            ticket.usage = Usage(_int(up.get("x-prompt-tokens")), _int(up.get("x-completion-tokens")))
+            ticket.audio_seconds = speech_seconds(body, up.get("x-sample-rate"))
+            if media_type.startswith("application/json"):  # not audio after all: counted as none
+                ticket.audio_seconds = 0.0
+        else:
+            media_type = "application/json"
+            try:
+                answer, seconds = read_json(body, scan=len(body))
+                usage = answer.get("usage")
+            except (orjson.JSONDecodeError, AttributeError):
+                usage, seconds = None, None
+            if isinstance(usage, dict):
+                ticket.usage = Usage(
+                    int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+                )
+            ticket.audio_seconds = seconds or 0.0
+        if ticket.audio_seconds:
+            ticket.first_audio_at = now
         ticket.outcome = Outcome.OK
         ex.started = ex.complete = True
         ex.status = 200
-        await send_json(ex.send, 200, body, client_headers(ticket))
+        await send_json(ex.send, 200, body, headers, media_type)
 
     async def _relay_stream(
         self,
@@ -392,6 +413,9 @@ class CompletionEndpoint:
         finally:
             ticket.first_token_at = relay.first_token_at
             ticket.last_token_at = relay.last_token_at
+            meter = relay.audio
+            ticket.first_audio_at, ticket.audio_seconds = meter.first_at, meter.seconds
+            ticket.rtf, ticket.audio_stalls = meter.rtf, meter.stalls
             ticket.finished_at = self.gw.clock()
             if relay.usage is not None:
                 ticket.usage = Usage(

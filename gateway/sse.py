@@ -1,13 +1,15 @@
 """Incremental SSE inspection for the streaming relay: pass events through byte-exact, learn from them.
 
 The relay forwards every complete event unchanged, except the usage-only chunk the gateway asked for on the
-client's behalf. While passing through, it notes the first content token, the final usage and whether the
-stream ended properly with `[DONE]` — all without buffering more than one event.
+client's behalf. While passing through, it notes the first output (a content token or audio), each audio
+chunk's seconds (gateway/speech: from its WAV header, the base64 around it never parsed), the final usage and
+whether the stream ended properly with `[DONE]` — all without buffering more than one event.
 
 Per-event cost matters (a stream is hundreds of events; a substring scan costs a fifth of a JSON parse):
 once the first token is seen, a chunk whose top-level object ends in `"usage":null}` (compact JSON, as
 SGLang sends) and is not finished counts as a token without being parsed, unless its content is an empty
-string. Everything else (usage, errors, the finish chunk, other spellings) is parsed in full.
+string or it carries audio. Everything else (usage, errors, the finish chunk, other spellings) is parsed, an
+audio chunk without its base64 payload.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+
+from gateway.speech.events import AUDIO_KEY, EVENT_SCAN, read_json
+from gateway.speech.meter import SpeechMeter
 
 _SEP = b"\n\n"
 # Compact-JSON markers; JSON escaping keeps them out of string values.
@@ -42,6 +47,7 @@ class SSERelay:
 
     __slots__ = (
         "_buf",
+        "audio",
         "content_chunks",
         "done",
         "error",
@@ -60,6 +66,7 @@ class SSERelay:
         self.usage: dict[str, Any] | None = None
         self.done = False
         self.error: dict[str, Any] | None = None
+        self.audio = SpeechMeter()
 
     def feed(self, data: bytes, now: float) -> bytes:
         buf = self._buf + data if self._buf else data
@@ -96,11 +103,15 @@ class SSERelay:
             self.done = True
             return True
         try:
-            obj = orjson.loads(payload)
+            obj, audio_seconds = read_json(payload)
         except orjson.JSONDecodeError:
             return True
         if not isinstance(obj, dict):
             return True
+        if audio_seconds is not None:  # audio is output: the first of it may come before any text
+            self.audio.add(now, audio_seconds)
+            if self.first_token_at is None:
+                self.first_token_at = now
         if isinstance(obj.get("error"), dict):
             self.error = obj["error"]
             return True
@@ -125,8 +136,13 @@ def _data_line(event: bytes) -> bytes | None:
 
 
 def _plain_content(event: bytes) -> bool:
-    """A not-finished compact chunk with no usage and no empty content: a token, without a parse."""
-    return event.endswith(_NO_USAGE_END) and _NOT_FINISHED in event and _EMPTY_CONTENT not in event
+    """A not-finished compact chunk with no usage, no empty content and no audio: a token, without a parse."""
+    return (
+        event.endswith(_NO_USAGE_END)
+        and _NOT_FINISHED in event
+        and _EMPTY_CONTENT not in event
+        and event.find(AUDIO_KEY, 0, EVENT_SCAN) < 0
+    )
 
 
 def error_event(message: str, code: int = 502, err_type: str = "upstream_error") -> bytes:

@@ -44,6 +44,7 @@ class Cost:
     audios: int = 0
     videos: int = 0
     remote_media: int = 0
+    speech_seconds: float = 0.0  # audio the answer is expected to speak (gateway/speech/pricing.py)
 
     @property
     def prompt_tokens(self) -> int:
@@ -72,6 +73,7 @@ class Ticket:
     stream: bool
     arrival: float
     tenant: str = "anonymous"
+    endpoint: str = "chat"  # the route's endpoint (gateway/openai_api.py: Endpoint)
     pool: str = ""
     traffic_class: str = "interactive"
     priority: int = 0
@@ -85,6 +87,10 @@ class Ticket:
     dispatched_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    first_audio_at: float | None = None
+    audio_seconds: float = 0.0  # audio the answer delivered, read from its WAV headers
+    rtf: float | None = None  # a stream's real-time factor (gateway/speech/meter.py)
+    audio_stalls: int = 0
     finished_at: float | None = None
     usage: Usage | None = None
     outcome: Outcome = Outcome.PENDING

@@ -43,8 +43,8 @@ def audio_tokens(family: AudioFamily, seconds: float) -> int:
     return 0
 
 
-def _wav_seconds(blob: Blob, total: int) -> float:
-    head = blob.head(4096)
+def wav_seconds(head: bytes, total: int) -> float:
+    """Duration of a WAV file of `total` bytes from its first bytes (fmt and data chunks within them)."""
     pos, byte_rate = 12, 0
     while pos + 8 <= len(head):
         chunk, size = head[pos : pos + 4], struct.unpack("<I", head[pos + 4 : pos + 8])[0]
@@ -87,7 +87,7 @@ def clip_seconds(blob: Blob, default_kbps: float) -> float:
     total = blob.size()
     head = blob.head(64)
     if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
-        return _wav_seconds(blob, total)
+        return wav_seconds(blob.head(4096), total)
     if head[:4] == b"fLaC":
         return _flac_seconds(head)
     offset, kbps = _mp3_frames(blob.head(4096)) if head[:3] == b"ID3" or head[:1] == b"\xff" else (0, None)

@@ -6,9 +6,11 @@ from gateway.estimate.settings import BucketPolicy
 from gateway.ticket import Cost
 
 
-def classify(cost: Cost, policy: BucketPolicy) -> str:
-    """The first bucket in `policy.order` whose condition holds; `text` always holds."""
+def classify(cost: Cost, policy: BucketPolicy, *, speaks: bool = False) -> str:
+    """The first bucket in `policy.order` whose condition holds; `text` always holds. `speech`: the answer
+    speaks (the talker and code2wav work for it)."""
     holds = {
+        "speech": speaks,
         "video": cost.videos > 0,
         "audio": cost.audios > 0,
         "multi_image": cost.images >= policy.multi_image_min,

@@ -6,8 +6,11 @@
     ...
     est.observe("acme", bucket, usage.completion_tokens)
 
+A request whose answer speaks (a chat with `modalities` holding "audio", or /v1/audio/speech) is priced
+its expected audio seconds too (`speech.py`), learned from `est.observe_speech(...)`.
+
 On a policy reload build the next one with `est.reconfigure(new.estimation, new.buckets)`: it keeps the
-output learner, so reloads do not forget what was learned.
+output and speech learners, so reloads do not forget what was learned.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from typing import Any, Literal
 from gateway.errors import ApiError, ErrorCode
 from gateway.estimate.buckets import classify
 from gateway.estimate.content import ContentPricer, TextCounter
-from gateway.estimate.output import OutputEstimator
+from gateway.estimate.output import KeyedEwma, OutputEstimator
 from gateway.estimate.settings import BucketPolicy, EstimationPolicy, ModelProfile
+from gateway.estimate.speech import SpeechRate, voice_of
 from gateway.estimate.text import TokenizerCounter, estimate_text_tokens
 from gateway.estimate.urlpolicy import MediaUrlPolicy
 from gateway.ticket import Cost
@@ -62,7 +66,12 @@ def _choices(body: dict[str, Any]) -> int:
 
 class Estimator:
     def __init__(
-        self, policy: EstimationPolicy, buckets: BucketPolicy, *, output: OutputEstimator | None = None
+        self,
+        policy: EstimationPolicy,
+        buckets: BucketPolicy,
+        *,
+        output: OutputEstimator | None = None,
+        speech: KeyedEwma | None = None,
     ) -> None:
         self.policy = policy
         self.buckets = buckets
@@ -73,6 +82,10 @@ class Estimator:
             min_samples=policy.output_min_samples,
             max_keys=policy.output_max_keys,
         )
+        learned = speech or KeyedEwma(
+            policy.output_ewma_alpha, policy.output_min_samples, policy.output_max_keys
+        )
+        self.speech = SpeechRate(policy.speech_seconds_per_token, learned)
         self._profiles: dict[str, ModelProfile] = {}
 
     def reconfigure(self, policy: EstimationPolicy, buckets: BucketPolicy) -> Estimator:
@@ -80,7 +93,9 @@ class Estimator:
         out = self.output
         out.default, out.alpha = policy.default_output_tokens, policy.output_ewma_alpha
         out.min_samples, out.max_keys = policy.output_min_samples, policy.output_max_keys
-        return Estimator(policy, buckets, output=out)
+        spoken = self.speech.learned
+        spoken.alpha, spoken.min_samples, spoken.max_keys = out.alpha, out.min_samples, out.max_keys
+        return Estimator(policy, buckets, output=out, speech=spoken)
 
     def profile(self, model: str) -> ModelProfile:
         """The first profile whose glob matches the model name (case-sensitive), else the defaults."""
@@ -96,7 +111,7 @@ class Estimator:
         self,
         body: dict[str, Any],
         *,
-        endpoint: Literal["chat", "completions", "embeddings"],
+        endpoint: Literal["chat", "completions", "embeddings", "speech"],
         tenant: str,
         urls: MediaUrlPolicy = _NO_REMOTE_MEDIA,
     ) -> tuple[Cost, str]:
@@ -109,20 +124,41 @@ class Estimator:
             if isinstance(body["input"], str):  # a list is several sequences, each within the context
                 self._check_context(cost, profile)
             return cost, classify(cost, self.buckets)
+        voice = voice_of(body, endpoint)
+        if endpoint == "speech":
+            cost = self._speech(body, profile, pricer, tenant, voice or "")
+            return cost, classify(cost, self.buckets, speaks=True)
         if endpoint == "chat":
             cost = pricer.chat(body["messages"], body.get("tools"))
         else:
             cost = pricer.completion(body.get("prompt", ""))
         pricer.media_lists(body, cost)
         self._check_context(cost, profile)
-        bucket = classify(cost, self.buckets)
+        bucket = classify(cost, self.buckets, speaks=voice is not None)
         n = _choices(body)
         room = profile.context_length - cost.prompt_tokens
         requested = _cap(body)
         cap = max(1, min(profile.default_max_tokens if requested is None else requested, room))
         cost.max_output_tokens = cap * n
         cost.expected_output_tokens = self.output.expected(tenant, bucket, cap * n)
+        if voice is not None:
+            cost.speech_seconds = self.speech.seconds(tenant, voice, cost.expected_output_tokens)
         return cost, bucket
+
+    def _speech(
+        self, body: dict[str, Any], profile: ModelProfile, pricer: ContentPricer, tenant: str, voice: str
+    ) -> Cost:
+        """/v1/audio/speech: the thinker reads `input` back, so its answer is about as long as the input."""
+        cost = pricer.completion(body["input"], "input")
+        self._check_context(cost, profile)
+        cap = body.get("max_new_tokens")
+        room = profile.context_length - cost.prompt_tokens
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            cap = profile.default_max_tokens
+        cost.max_output_tokens = max(1, min(cap, room))
+        cost.expected_output_tokens = max(1, min(cost.max_output_tokens, cost.text_tokens))
+        cost.speech_seconds = self.speech.seconds(tenant, voice, cost.expected_output_tokens)
+        return cost
 
     def _check_context(self, cost: Cost, profile: ModelProfile) -> None:
         """Reject what the backend would reject, giving estimated text the benefit of the doubt."""
@@ -141,3 +177,7 @@ class Estimator:
         """Feed the output learner with the completion tokens the backend reported (all choices). Prompt
         estimates are not learned: their error is a metric (`omnigate_estimation_ratio`)."""
         self.output.observe(tenant, bucket, completion_tokens)
+
+    def observe_speech(self, tenant: str, voice: str, text_tokens: int, audio_seconds: float) -> None:
+        """Feed the speech learner with one whole answer's text tokens and the audio seconds it held."""
+        self.speech.observe(tenant, voice, text_tokens, audio_seconds)

@@ -14,8 +14,9 @@ from gateway.schema import Frozen
 
 VisionFamily = Literal["qwen2_vl", "llava_1_5", "llava_next", "internvl", "gemma3", "fixed"]
 AudioFamily = Literal["qwen2_5_omni", "qwen3_omni", "none"]
-BucketName = Literal["text", "single_image", "multi_image", "long_doc", "audio", "video"]
+BucketName = Literal["speech", "text", "single_image", "multi_image", "long_doc", "audio", "video"]
 DEFAULT_BUCKET_ORDER: tuple[BucketName, ...] = (
+    "speech",
     "video",
     "audio",
     "multi_image",
@@ -128,6 +129,12 @@ class EstimationPolicy(Frozen):
         default=5, ge=1, description="Observations before the learned value is used."
     )
     output_max_keys: int = Field(default=10_000, ge=1, description="Most (tenant, bucket) pairs remembered.")
+    speech_seconds_per_token: float = Field(
+        default=0.3,
+        gt=0,
+        description="Audio seconds spoken per output text token before any answer of the (tenant, voice) "
+        "was measured (about 3.3 tokens per spoken second: 150 words/min at 1.3 tokens per word).",
+    )
     context_text_slack: float = Field(
         default=0.15,
         ge=0,

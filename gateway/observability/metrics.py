@@ -62,6 +62,35 @@ E2E = Histogram(
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+# a stream's real-time factor (gateway/speech/meter.py): below 1 ahead of playback, above 1 it stutters
+RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0)
+TTFA = Histogram(
+    "omnigate_ttfa_seconds",
+    "Gateway-measured time to first audio (arrival to the first audio chunk) of answers that speak.",
+    ["pool", "traffic_class"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+RTF = Histogram(
+    "omnigate_speech_rtf",
+    "Real-time factor of each speech stream: wall seconds from its first to its last audio chunk per audio "
+    "second before the last (above 1: slower than real time, a player stutters).",
+    ["pool", "traffic_class"],
+    buckets=RTF_BUCKETS,
+    registry=REGISTRY,
+)
+AUDIO_SECONDS = Counter(
+    "omnigate_audio_seconds_total",
+    "Audio seconds delivered to clients, read from the WAV headers of the answers.",
+    ["pool", "tenant"],
+    registry=REGISTRY,
+)
+SPEECH_STALLS = Counter(
+    "omnigate_speech_stalls_total",
+    "Audio chunks that arrived after the audio before them had finished playing (a player stuttered).",
+    ["pool", "traffic_class"],
+    registry=REGISTRY,
+)
 UPSTREAM_RETRIES = Counter(
     "omnigate_upstream_retries_total",
     "Requests retried on another backend before the first byte.",

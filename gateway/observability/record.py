@@ -65,6 +65,13 @@ def record_finished(t: Ticket) -> Latencies:
         m.TPOT.labels(*labels).observe(lat.tpot)
     if lat.e2e is not None and t.outcome == Outcome.OK:
         m.E2E.labels(*labels).observe(lat.e2e)
+    if t.first_audio_at is not None:
+        m.TTFA.labels(*labels).observe(t.first_audio_at - t.arrival)
+        m.AUDIO_SECONDS.labels(t.pool, t.tenant).inc(t.audio_seconds)
+    if t.rtf is not None and t.outcome == Outcome.OK:
+        m.RTF.labels(*labels).observe(t.rtf)
+    if t.audio_stalls:
+        m.SPEECH_STALLS.labels(*labels).inc(t.audio_stalls)
     if t.usage is not None:
         m.TENANT_TOKENS.labels(t.tenant, "prompt").inc(t.usage.prompt_tokens)
         m.TENANT_TOKENS.labels(t.tenant, "completion").inc(t.usage.completion_tokens)

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from gateway.backends.pool import Pool
 from gateway.errors import ApiError, ErrorCode
 from gateway.estimate.estimator import Estimator
+from gateway.estimate.speech import voice_of
 from gateway.observability import record
 from gateway.openai_api import ParsedRequest
 from gateway.policy import Policy
@@ -112,6 +113,7 @@ class Admit:
             tenant=tenant.id,
             urls=policy.pool(pool.name).media_urls,
         )
+        ticket.voice = voice_of(parsed.body, parsed.endpoint)
         record.record_priced(ticket)
         if not pool.ready():
             raise ApiError(

@@ -69,9 +69,7 @@ class Measure:
                     tpot_slo=tpot_slo,
                     failed=ticket.outcome in FAILED_OUTCOMES,
                 )
-            # the output learner learns from generations only (an embedding's cost has no output part)
-            if ticket.outcome == Outcome.OK and ticket.usage is not None and ticket.cost.max_output_tokens:
-                self.estimator().observe(ticket.tenant, ticket.bucket, ticket.usage.completion_tokens)
+            self._learn(ticket)
         if ticket.outcome == Outcome.CANCELLED and ticket.pool:
             metrics.CLIENT_DISCONNECTS.labels(ticket.pool).inc()
         if ticket.outcome in FAILED_OUTCOMES:
@@ -81,3 +79,17 @@ class Measure:
             self.alerts.notify_failure(event)
         if self.access is not None:
             self.access.log(ticket, status)
+
+    def _learn(self, ticket: Ticket) -> None:
+        """Feed the output learner from generations only (an embedding's cost has no output part; a speech
+        request's output is its input read back), and the speech learner from every whole spoken answer."""
+        usage = ticket.usage
+        if ticket.outcome != Outcome.OK or usage is None or not ticket.cost.max_output_tokens:
+            return
+        estimator = self.estimator()
+        if ticket.endpoint != "speech":
+            estimator.observe(ticket.tenant, ticket.bucket, usage.completion_tokens)
+        if ticket.voice is not None:
+            estimator.observe_speech(
+                ticket.tenant, ticket.voice, usage.completion_tokens, ticket.audio_seconds
+            )
