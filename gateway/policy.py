@@ -6,6 +6,7 @@ request in flight keeps the object it started with.
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from gateway.admission.settings import (
+    AdmissionSettings,
     BudgetPolicy,
     ControllerPolicy,
     FairnessPolicy,
@@ -86,6 +88,18 @@ class Policy(Frozen):
 
     def pool(self, name: str) -> PoolPolicy:
         return self.pools.get(name, self.pool_defaults)
+
+    @cached_property
+    def admission(self) -> AdmissionSettings:
+        """The sections the pools' schedulers decide by (built once per policy object)."""
+        return AdmissionSettings(
+            queue=self.queue,
+            budgets=self.budgets,
+            window=self.window,
+            controller=self.controller,
+            fairness=self.fairness,
+            default_weight=self.tenant_defaults.weight,
+        )
 
 
 class PolicyError(ValueError):

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 import anyio
 
 from gateway.admission.scheduler import PoolScheduler
+from gateway.admission.settings import AdmissionSettings
 from gateway.backends.circuit import CircuitState, Transition
 from gateway.backends.pool import Pool
 from gateway.backends.settings import CircuitPolicy
@@ -65,7 +66,7 @@ class Gateway:
             name: PoolScheduler(
                 name,
                 pool.backends,
-                self.policy,
+                self._admission_settings,
                 clock=clock,
                 weight_of=self.weights.get,
                 engine_priorities=pool.config.priority_scheduling,
@@ -74,7 +75,7 @@ class Gateway:
         }
         for lender in self._pools_of_class("interactive"):
             for borrower in self._pools_of_class("offline"):
-                self.schedulers[lender].lend_to(self.schedulers[borrower])  # used only if policy enables it
+                self.schedulers[borrower].borrow_from(self.schedulers[lender])  # only if the policy lends
         self.router = Router(self.pools.values())
         self.slo = SloTracker(window_s=config.alerts.slo_window_s)
         self.alerts = AlertManager(
@@ -104,6 +105,9 @@ class Gateway:
 
     def _pools_of_class(self, traffic_class: str) -> list[str]:
         return [name for name, p in self.pools.items() if (p.config.traffic_class or name) == traffic_class]
+
+    def _admission_settings(self) -> AdmissionSettings:
+        return self.policy.current.admission
 
     def _estimator(self) -> Estimator:
         return self.estimator

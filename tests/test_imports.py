@@ -25,13 +25,6 @@ FORBIDDEN = {  # importer prefix → imported prefixes it must never reach
     "loadtest.sim": ("gateway", "omnigate"),
 }
 
-# Import cycles known when this test landed, each as its set of modules or parts. The admission work removes
-# them; a listed cycle that no longer exists fails the test too, so the list only ever shrinks.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"gateway.admission.scheduler", "gateway.admission.state"}),
-    frozenset({"gateway.admission", "gateway.policy"}),
-}
-
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
@@ -154,14 +147,9 @@ def test_relative_and_function_level_imports_are_resolved(tmp_path: Path) -> Non
     assert found == ["gateway.late", "gateway.pkg.sibling", "gateway.pkg.sub"]
 
 
-def test_no_import_cycles_beyond_the_known_ones() -> None:
-    cycles = {}
-    for graph in (_graph(), _parts(_graph())):
-        cycles.update({frozenset(c): _path_through(c, graph) for c in _cycles(graph)})
-    new = [path for members, path in cycles.items() if members not in KNOWN_CYCLES]
-    gone = [sorted(members) for members in KNOWN_CYCLES if members not in cycles]
-    assert not new, "import cycles:\n  " + "\n  ".join(sorted(new))
-    assert not gone, f"these listed cycles are gone; remove them from KNOWN_CYCLES: {gone}"
+def test_no_import_cycles() -> None:
+    cycles = sorted(_path_through(c, graph) for graph in (_graph(), _parts(_graph())) for c in _cycles(graph))
+    assert not cycles, "import cycles:\n  " + "\n  ".join(cycles)
 
 
 def test_no_import_crosses_a_layer() -> None:

@@ -45,7 +45,7 @@ class Lease:
         self.entry = entry
         self.backend = backend
         self.charged = charged
-        self.loan = loan  # the backend belongs to the lending pool (PoolScheduler.lend_to)
+        self.loan = loan  # the backend belongs to the lending pool (PoolScheduler.borrow_from)
         self.engine_priority = engine_priority  # the request's `priority` field (Dispatcher.engine_priority)
         self.dispatched_at: float | None = None  # on the scheduler's clock
         self.released = False

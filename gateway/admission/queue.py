@@ -2,7 +2,7 @@
 
 `SLOQueue.ordered()` yields waiting entries in the order the dispatcher should try them: bands from the
 most urgent (largest priority) down; inside a band, tenants under their fair share first (`standing`,
-Dispatcher.under_share), then by their virtual counter (lowest first, ties by name); inside a tenant,
+standing.py), then by their virtual counter (lowest first, ties by name); inside a tenant,
 earliest deadline first (ties by arrival order) — except while that tenant is congested at the band
 (`lifo_after_fraction`: it has had requests waiting there without a break for longer than that share of
 its most urgent request's deadline budget), when its requests go newest first (adaptive LIFO). A request
@@ -18,7 +18,7 @@ together — keeps EDF: there the oldest is not late, and serving it last would 
 
 `projected()` replays that order dispatch by dispatch (VTC re-sorts tenants after every charge) to tell
 how many prefill tokens go before each entry. The queue only holds and orders; admission checks live in
-shedding.py, budgets in dispatch.py.
+shedding.py, placement in dispatch.py.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class SLOQueue:
     ) -> None:
         self.counters = counters
         self.standing = standing or (lambda band, tenant: False)  # (band, tenant) → under its share
-        self.now = -math.inf  # set by the scheduler before each decision: the congestion check's clock
+        self.now = -math.inf  # the congestion check's clock and threshold, as of the last decision
         self.lifo_after_fraction: float | None = None
         self._backlogged_since: dict[tuple[int, str], float] = {}  # (band, tenant) → queue non-empty since
         self._bands: dict[int, dict[str, list[Entry]]] = {}
@@ -92,6 +92,11 @@ class SLOQueue:
 
     def __len__(self) -> int:
         return self._len
+
+    def as_of(self, now: float, lifo_after_fraction: float | None) -> None:
+        """Order as of the decision at `now`, under the policy's adaptive-LIFO threshold."""
+        self.now = now
+        self.lifo_after_fraction = lifo_after_fraction
 
     def stamp(self, entry: Entry) -> None:
         """Give an entry its arrival order (once), so it can be compared before it is pushed."""

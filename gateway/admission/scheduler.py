@@ -1,11 +1,11 @@
 """The anyio shell of one pool: requests wait here until the dispatcher gives them a backend.
 
 Dispatch happens on events: every `acquire`, every lease release and `pump()` (the lead calls it when
-backend health or scrapes change) run the pure dispatcher at once. `run()` is a small timer task for
-what no event announces: a window or round that opens later, and the periodic re-check that sheds
-requests that can no longer meet their deadline. Policy is read through `policy_getter()` at every
-decision, so a reload applies to new decisions while queued and running requests keep the class SLO
-they were admitted with.
+backend health or scrapes change) run the dispatcher at once. `run()` is a small timer task for what no
+event announces: a window or round that opens later, and the periodic re-check that sheds requests that
+can no longer meet their deadline. Settings are read through `settings()` at every decision, so a reload
+applies to new decisions while queued and running requests keep the class SLO they were admitted with.
+Each decision is one frozen `Decision` (decision.py) built here and handed to the dispatcher.
 """
 
 from __future__ import annotations
@@ -17,35 +17,35 @@ from typing import Any
 
 import anyio
 
-from gateway.admission.dispatch import Dispatcher, backend_load
+from gateway.admission.budgets import backend_load
+from gateway.admission.decision import Decision
+from gateway.admission.dispatch import Dispatcher
 from gateway.admission.fairness import VirtualTokenCounters, token_charge
 from gateway.admission.lease import DROP_OUTCOMES, Lease, Waiter
+from gateway.admission.lending import Loans
 from gateway.admission.limits import Limit, Sample, latency_ratio, make_limit
 from gateway.admission.queue import Entry, SLOQueue, effective_deadline
-from gateway.admission.settings import PoolBudgets
+from gateway.admission.rounds import Metering
+from gateway.admission.settings import AdmissionSettings, PoolBudgets
 from gateway.admission.shedding import PrefillRate, QueueGuard, SlotWait, displaced_error
 from gateway.admission.slots import SlotRule
-from gateway.admission.state import pool_snapshot
-from gateway.admission.window import BatchWindow, QueueLoad, under_load
+from gateway.admission.state import PoolView, pool_snapshot
+from gateway.admission.window import QueueLoad, hold, under_load
 from gateway.backends.state import BackendState
 from gateway.errors import ApiError, ErrorCode
-from gateway.policy import Policy
 from gateway.ticket import Outcome, Ticket, Usage
 
 __all__ = ["DROP_OUTCOMES", "Lease", "PoolScheduler"]  # Lease and DROP_OUTCOMES live in lease.py
 
-_RECLAIMABLE = frozenset({"concurrency", "band_reserve", "tenant_share", "kv_watermark", "bucket_cap"})
-"""Why a request waits that a loan on the backend may be the cause of (not the round, the window...)."""
-
 
 class PoolScheduler:
-    """One pool's queue, dispatcher, window and limits; `acquire` returns a `Lease` on a backend."""
+    """One pool's queue, dispatcher and limits; `acquire` returns a `Lease` on a backend."""
 
     def __init__(
         self,
         pool: str,
         backends: list[BackendState],
-        policy_getter: Callable[[], Policy],
+        settings: Callable[[], AdmissionSettings],
         *,
         clock: Callable[[], float] = time.monotonic,
         weight_of: Callable[[str], float | None] | None = None,
@@ -53,31 +53,29 @@ class PoolScheduler:
     ) -> None:
         self.pool = pool
         self.backends = backends
-        self.policy_getter = policy_getter
+        self.settings = settings
         self.clock = clock
         self.weight_of = weight_of
-        policy = policy_getter()
+        current = settings()
         self.counters = VirtualTokenCounters()
-        self.dispatcher = Dispatcher()
-        self.dispatcher.engine_priorities = engine_priorities
-        self.queue = SLOQueue(self.counters, standing=self.dispatcher.under_share)
-        self.rate = PrefillRate(policy.queue)
+        self.dispatcher = Dispatcher(engine_priorities)
+        self.queue = SLOQueue(self.counters, standing=self._under_share)
+        self.rate = PrefillRate(current.queue)
         self.guard = QueueGuard(self.queue, self.rate, pool, slot_wait=self._slot_wait)
-        self.window = BatchWindow()
+        self.metering = Metering()
         self.limits: dict[str, Limit] = {}
+        self.window_s = 0.0  # the window's hold as the last dispatch pass computed it (a gauge)
+        self._ctx: Decision | None = None  # the last decision: the queue's standing is judged by it
         self._waiters: dict[Entry, Waiter] = {}
         self._leases: set[Lease] = set()
         self._next_wake = math.inf
         self._next_sweep = -math.inf
         self._wake = anyio.Event()
         self._lender: PoolScheduler | None = None
+        self._loans = Loans()  # another pool's requests on our backends, oldest first
         self._top_seen = -math.inf  # when a top-band request last arrived (the band reserve's hold)
-        self._metered: tuple[PoolBudgets, int, PoolBudgets] | None = None  # (budgets, tokens, their copy)
-        self._loans: list[Lease] = []  # another pool's requests on our backends, oldest first
-        self.lent = 0  # this pool's backends running another pool's requests
-        self.borrowed = 0  # this pool's requests running on a lender's backends
         self.preempted = 0  # requests taken back from a backend for higher-ranked work (`_preempt`)
-        self._sync_limits(policy)
+        self._sync_limits(current)
 
     @property
     def rejections(self) -> dict[tuple[str, str], int]:
@@ -88,12 +86,32 @@ class PoolScheduler:
     def in_flight(self) -> int:
         return len(self._leases)
 
+    @property
+    def waiting(self) -> int:
+        """Callers parked in `acquire` (queued, or woken and not yet resumed)."""
+        return len(self._waiters)
+
+    @property
+    def borrowed(self) -> int:
+        """This pool's requests running on a lender's backends."""
+        return sum(1 for lease in self._leases if lease.loan)
+
+    @property
+    def lent(self) -> int:
+        """Another pool's requests running on this pool's backends."""
+        return len(self._loans)
+
+    @property
+    def next_wake(self) -> float:
+        """When the timer task pumps next (inf: only an event will)."""
+        return self._next_wake
+
     async def acquire(self, ticket: Ticket, *, exclude: Iterable[str] = (), requeued: bool = False) -> Lease:
         """Wait until `ticket` is dispatched; raises ApiError when refused, shed or displaced. `requeued`:
         it was dispatched and taken back (a loan revoked, a prompt preempted) — admitted already, it is
         neither refused nor shed nor displaced again."""
-        policy = self.policy_getter()
-        slo = policy.queue.classes.get(ticket.traffic_class)
+        settings = self.settings()
+        slo = settings.queue.classes.get(ticket.traffic_class)
         if slo is None:
             raise ApiError(
                 400,
@@ -111,18 +129,18 @@ class PoolScheduler:
                 retry_after=1.0,
             )
         now = self.clock()
-        top = policy.queue.priorities.top
+        top = settings.queue.priorities.top
         if top is not None and ticket.priority >= top:
             self._top_seen = now
-        weight = self._weight(policy, ticket.tenant)
-        fair = policy.fairness
+        weight = self._weight(settings, ticket.tenant)
+        fair = settings.fairness
         cost = ticket.cost
         charge = token_charge(
             cost.prompt_tokens, cost.expected_output_tokens, weight, fair.input_weight, fair.output_weight
         )
         deadline = effective_deadline(ticket, slo)
         entry = Entry(ticket, slo, deadline, weight, now, charge, exclude=excluded, requeued=requeued)
-        self.rate.configure(policy.queue)
+        self.rate.configure(settings.queue)
         victim = self.guard.admit(entry, now, self._available())
         waiter = self._waiters[entry] = Waiter(anyio.Event())
         if victim is not None:
@@ -138,81 +156,117 @@ class PoolScheduler:
         assert waiter.lease is not None
         return waiter.lease
 
-    def lend_to(self, borrower: PoolScheduler) -> None:
-        """Let `borrower` (the offline pool) run requests on this pool's backends while this pool's
-        `budgets.lend` policy allows (off by default): see `lend`."""
-        borrower._lender = self
+    def borrow_from(self, lender: PoolScheduler) -> None:
+        """Let this pool (the offline one) run whole requests on `lender`'s backends while the lender's
+        `budgets.lend` policy allows (off by default): see lending.py."""
+        self._lender = lender
 
     def lend(self, entry: Entry, now: float) -> tuple[BackendState, int] | None:
         """A backend of this pool for a borrower's request, already accounted, and the request's engine
         priority there; or None. A loan starts only while lending is enabled, none of this pool's own
         requests wait, and a backend is below `lend.max_load` and fits this pool's budgets (the loan
-        spends this pool's round prefill budget). Once our requests wait, `_reclaim` takes loans back."""
-        policy = self.policy_getter()
-        if not policy.budgets.for_pool(self.pool).lend.enabled or self.queue:
+        spends this pool's round prefill budget). Once our requests wait, `pump` takes loans back."""
+        settings = self.settings()
+        if not settings.budgets.for_pool(self.pool).lend.enabled or self.queue:
             return None
-        budgets, limits = self.decision(policy, (entry.band, entry.tenant))
-        idle = [b for b in self.backends if backend_load(b, limits[b.url], budgets) < budgets.lend.max_load]
-        if not self.dispatcher.round_open(now, budgets):
-            self.dispatcher.open_round(now, budgets=budgets)
-        placed = self.dispatcher.place([entry], idle, budgets, limits, loan=True)
+        ctx = self.decision(settings, (entry.band, entry.tenant))
+        budgets = ctx.budgets
+        idle = [
+            b for b in self.backends if backend_load(b, ctx.limits[b.url], budgets) < budgets.lend.max_load
+        ]
+        if not self.dispatcher.rounds.is_open(now, budgets):
+            self.dispatcher.rounds.open(now, budgets=budgets)
+        placed = self.dispatcher.place([entry], idle, ctx, loan=True)
         if placed is None:
             return None
         backend = placed[1]
-        prio = self.dispatcher.commit(entry.ticket, backend, loan=True, shield=budgets.shield)
-        self.lent += 1
-        return backend, prio
+        return backend, self.dispatcher.commit(entry.ticket, backend, ctx, loan=True, shield=budgets.shield)
+
+    def on_loan(self, lease: Lease) -> None:
+        """A borrower's lease on one of our backends (from `lend`) began."""
+        self._loans.add(lease)
 
     def observe_prefill(self, tokens: int, seconds: float) -> None:
         """Feed one observed prefill (prompt tokens, seconds to first token) to the pool's rate estimate."""
-        self.rate.configure(self.policy_getter().queue)
+        self.rate.configure(self.settings().queue)
         self.rate.observe(tokens, seconds, self.clock())
+
+    def prefill_started(self, lease: Lease) -> None:
+        """A lease on our backends (ours or a loan) saw its first byte: its prefill no longer waits in
+        the engine, and a placement the shield held may go now."""
+        self.dispatcher.shield.started(lease.backend.url, lease.ticket)
+        if self.dispatcher.shield.held and self.queue:
+            self.pump()  # only then: a pump on every first byte would move rounds and windows
+
+    def settle(
+        self, lease: Lease, usage: Usage | None, outcome: Outcome, ttft_s: float | None, tpot_s: float | None
+    ) -> None:
+        """A lease on our backends (ours or a loan) ended: give back its budgets, and learn from the work —
+        the engine that did it feeds this pool's prefill rate and the backend's concurrency limit."""
+        ticket, backend, entry = lease.ticket, lease.backend, lease.entry
+        if lease.loan:
+            self._loans.remove(lease)
+        in_flight = backend.active
+        self.dispatcher.release(ticket, backend, self.clock())
+        prompt = (
+            usage.prompt_tokens if usage is not None and usage.prompt_tokens else ticket.cost.prompt_tokens
+        )
+        if outcome == Outcome.OK and ttft_s is not None:
+            self.observe_prefill(prompt, ttft_s)
+        limit = self.limits.get(backend.url)
+        if limit is not None and (outcome == Outcome.OK or outcome in DROP_OUTCOMES):
+            shared = None if entry.slo.tpot_p99_s is not None else self._batch_tpot_target(backend)
+            ratio = latency_ratio(entry.slo, ttft_s, tpot_s, prompt / self.rate.at(self.clock()), shared)
+            limit.update(Sample(self.clock(), in_flight, ratio, dropped=outcome in DROP_OUTCOMES))
+            backend.concurrency_limit = limit.limit
 
     def pump(self) -> None:
         """Shed what must go, then dispatch everything the window, rounds and budgets allow right now."""
-        policy = self.policy_getter()
+        settings = self.settings()
         now = self.clock()
-        self.rate.configure(policy.queue)
+        self.rate.configure(settings.queue)
         if self.queue and now >= self._next_sweep:
-            for entry, err in self.guard.sweep(now, self._available(), self._sweep_slot_wait(policy)):
+            for entry, err in self.guard.sweep(now, self._available(), self._sweep_slot_wait(settings)):
                 self._fail(entry, err)
-            self._next_sweep = now + policy.queue.recheck_interval_s
-            self.dispatcher.recent.forget(now, policy.fairness.share_window_s)
-        budgets, limits = self.decision(policy)
+            self._next_sweep = now + settings.queue.recheck_interval_s
+            self.dispatcher.standing.recent.forget(now, settings.fairness.share_window_s)
+        ctx = self.decision(settings)
+        budgets, rounds, shield = ctx.budgets, self.dispatcher.rounds, self.dispatcher.shield
         wake = math.inf
-        self.dispatcher.shield_held = False
+        shield.rearm()
         while self.queue:
-            if not self.dispatcher.round_open(now, budgets):
+            if not rounds.is_open(now, budgets):
                 load = self.window_load(now, budgets)
-                opens = self.window.opens_at(self.pool, load, policy.window)
+                self.window_s = hold(self.pool, load, settings.window)
+                opens = load.oldest_enqueued_at + self.window_s
                 if opens > now:
                     wake = opens
                     break
-                grouped = under_load(self.pool_level(now, budgets), policy.window)
-                self.dispatcher.open_round(now, grouped=grouped, top_band=load.band, budgets=budgets)
-            placed = self.dispatcher.place(self.queue.ordered(), self.backends, budgets, limits)
+                grouped = under_load(self.pool_level(now, budgets), settings.window)
+                rounds.open(now, grouped=grouped, top_band=load.band, budgets=budgets)
+            placed = self.dispatcher.place(self.queue.ordered(), self.backends, ctx)
             if placed is not None:
                 entry, backend = placed
-                self._preempt(entry.ticket, backend, budgets)
-                prio = self.dispatcher.commit(entry.ticket, backend, shield=budgets.shield)
+                self._preempt(entry.ticket, backend, ctx)
+                prio = self.dispatcher.commit(entry.ticket, backend, ctx, shield=budgets.shield)
                 revocable = budgets.shield.preempt_s is not None
                 self._dispatch(entry, backend, now, prio, loan=False, revocable=revocable)
                 continue
-            borrowed = self._borrow(now)
+            borrowed = self._borrow(now, ctx)
             if borrowed is None:
-                ends = self.dispatcher.round_ends(budgets)
+                ends = rounds.ends(budgets)
                 wake = math.inf if ends is None else ends
-                if self.dispatcher.shield_held:  # a whole request's predicted prefill ends then
-                    wake = min(wake, self.dispatcher.next_due())
+                if shield.held:  # a whole request's predicted prefill ends then
+                    wake = min(wake, shield.next_due(ctx.now))
                 break
             entry, backend, prio = borrowed
             self._dispatch(entry, backend, now, prio, loan=True)
         if not self.queue:
-            self.window.length_s = 0.0
+            self.window_s = 0.0
         else:
             wake = min(wake, self._next_sweep)
             if self._loans:
-                self._reclaim(budgets, limits)
+                self._reclaim(ctx)
         if wake < self._next_wake:
             self._wake.set()
         self._next_wake = wake
@@ -228,10 +282,32 @@ class PoolScheduler:
                 await self._wake.wait()
 
     def snapshot(self) -> dict[str, Any]:
-        """State for /admin/state (`state.pool_snapshot`): why the head request waits, per backend."""
-        return pool_snapshot(self)
+        """State for /admin/state (state.py): why the head request waits, per backend. A read: it builds
+        its own decision and changes nothing, so two reads in a row agree."""
+        settings = self.settings()
+        now = self.clock()
+        ctx = self._decide(settings, now, None, keep=False)
+        head = next(self.queue.ordered(), None)
+        view = PoolView(
+            pool=self.pool,
+            now=now,
+            ctx=ctx,
+            queue=self.queue,
+            dispatcher=self.dispatcher,
+            backends=tuple(self.backends),
+            head=head,
+            head_blocked=None if head is None else self._blocked(head, ctx, settings, now),
+            window_s=self.window_s,
+            in_flight=self.in_flight,
+            borrowed=self.borrowed,
+            lent=self.lent,
+            preempted=self.preempted,
+            prefill_load=self.pool_level(now, ctx.budgets),
+            rejections=dict(self.rejections),
+        )
+        return pool_snapshot(view)
 
-    # -- decision inputs (shared with state.pool_snapshot) --------------------------------------------
+    # -- decision inputs ---------------------------------------------------------------------------
 
     def window_load(self, now: float, budgets: PoolBudgets) -> QueueLoad:
         """The window judges the top waiting band, so a lower band's load never holds a higher band: its
@@ -245,7 +321,7 @@ class PoolScheduler:
         return QueueLoad(
             band=band,
             band_prefill_tokens=self.queue.prefill_tokens(band),
-            recent_prefill_tokens=self.dispatcher.recent_prefill(now, budgets, band),
+            recent_prefill_tokens=self.dispatcher.rounds.recent_prefill(now, budgets, band),
             prefill_tokens=self.queue.prefill_tokens(),
             oldest_enqueued_at=oldest.enqueued_at,
             oldest_slack_s=slack,
@@ -254,53 +330,59 @@ class PoolScheduler:
 
     def pool_level(self, now: float, budgets: PoolBudgets) -> float:
         """Prefill load of the whole pool (every band): a round opened above light load is grouped."""
-        demand = self.dispatcher.recent_prefill(now, budgets) + self.queue.prefill_tokens()
+        demand = self.dispatcher.rounds.recent_prefill(now, budgets) + self.queue.prefill_tokens()
         return demand / self._round_tokens(budgets)
 
-    def decision(
-        self, policy: Policy, candidate: tuple[int, str] | None = None
-    ) -> tuple[PoolBudgets, dict[str, int]]:
-        """Ready the dispatcher for decisions under `policy`: current limits and slot rules (headroom
-        for the top band and for tenants under their share; `candidate` (band, tenant) counts as present).
-        Returns the pool's budgets (the round's prefill budget as metered now) and the limit per backend."""
-        self._sync_limits(policy)
-        self.dispatcher.rule = self._slot_rule(policy, candidate)
-        limits = {url: lim.limit for url, lim in self.limits.items()}
-        self.dispatcher.pool_slots = sum(limits[b.url] for b in self.backends if b.available)
-        self.dispatcher.now = self.queue.now = self.clock()
-        self.dispatcher.prefill_rate = self.rate.at(self.dispatcher.now)
-        self.dispatcher.share_window_s = policy.fairness.share_window_s
-        self.queue.lifo_after_fraction = policy.queue.lifo_after_fraction
-        return self.metered_budgets(policy, self.clock()), limits
-
-    def metered_budgets(self, policy: Policy, now: float) -> PoolBudgets:
-        """The pool's budgets; with `prefill_rate_fraction`, the round's prefill budget follows the
-        measured prefill rate (never above the configured one, at least one token)."""
-        budgets = policy.budgets.for_pool(self.pool)
-        fraction = budgets.prefill_rate_fraction
-        if fraction is None:
-            return budgets
-        metered = int(fraction * self.rate.at(now) * budgets.round_s)
-        if metered >= budgets.prefill_tokens_per_round:
-            return budgets
-        tokens = max(1, metered)
-        cached = self._metered
-        if cached is None or cached[0] is not budgets or cached[1] != tokens:
-            # a pydantic copy per decision was a tenth of the admission path's CPU: one per change
-            cached = self._metered = (
-                budgets,
-                tokens,
-                budgets.model_copy(update={"prefill_tokens_per_round": tokens}),
-            )
-        return cached[2]
+    def decision(self, settings: AdmissionSettings, candidate: tuple[int, str] | None = None) -> Decision:
+        """The context of a decision under `settings` now: current limits and slot rules (headroom for
+        the top band and for tenants under their share; `candidate` (band, tenant) counts as present) and
+        the pool's budgets (the round's prefill budget as metered now). The queue judges standing by it
+        until the next one."""
+        self._sync_limits(settings)
+        ctx = self._ctx = self._decide(settings, self.clock(), candidate, keep=True)
+        self.queue.as_of(ctx.now, settings.queue.lifo_after_fraction)
+        return ctx
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _weight(self, policy: Policy, tenant: str) -> float:
-        weight = policy.fairness.weights.get(tenant)
+    def _decide(
+        self, settings: AdmissionSettings, now: float, candidate: tuple[int, str] | None, *, keep: bool
+    ) -> Decision:
+        """A decision's context from the state as it is (limits not synced; `keep`: let the metering keep
+        its budgets copy)."""
+        limits = {url: lim.limit for url, lim in self.limits.items()}
+        rate = self.rate.at(now)
+        return Decision(
+            now=now,
+            budgets=self.metering.budgets(settings.budgets.for_pool(self.pool), rate, keep=keep),
+            limits=limits,
+            rule=self._slot_rule(settings, candidate, now),
+            pool_slots=sum(limits[b.url] for b in self.backends if b.available),
+            prefill_rate=rate,
+            share_window_s=settings.fairness.share_window_s,
+        )
+
+    def _blocked(self, head: Entry, ctx: Decision, settings: AdmissionSettings, now: float) -> dict[str, str]:
+        """What holds the head request: in a round, its budgets; between rounds the window, if it still
+        holds, else the budgets a round opened now would check."""
+        budgets = ctx.budgets
+        if self.dispatcher.rounds.is_open(now, budgets):
+            return self.dispatcher.blocked_by(head, self.backends, ctx)
+        load = self.window_load(now, budgets)
+        if load.oldest_enqueued_at + hold(self.pool, load, settings.window) > now:
+            return {"*": "window"}
+        return self.dispatcher.blocked_by(head, self.backends, ctx, new_round=True)
+
+    def _under_share(self, band: int, tenant: str) -> bool:
+        """The queue's standing of a tenant, judged by the last decision (none yet: nobody is under)."""
+        ctx = self._ctx
+        return ctx is not None and self.dispatcher.standing.under_share(band, tenant, ctx)
+
+    def _weight(self, settings: AdmissionSettings, tenant: str) -> float:
+        weight = settings.fairness.weights.get(tenant)
         if weight is None and self.weight_of is not None:
             weight = self.weight_of(tenant)
-        return weight if weight is not None and weight > 0 else policy.tenant_defaults.weight
+        return weight if weight is not None and weight > 0 else settings.default_weight
 
     def _available(self) -> int:
         return sum(1 for b in self.backends if b.available)
@@ -310,46 +392,47 @@ class PoolScheduler:
 
     def _slot_wait(self, entry: Entry, now: float, ahead: int = 0) -> float | None:
         """When could a backend take `entry` (round prefill budget aside)? See QueueGuard."""
-        policy = self.policy_getter()
-        budgets, limits = self.decision(policy, (entry.band, entry.tenant))
-        max_age = policy.queue.prefill_rate_max_age_s
-        return self.dispatcher.slot_wait(entry, self.backends, budgets, limits, now, max_age, ahead)
+        settings = self.settings()
+        ctx = self.decision(settings, (entry.band, entry.tenant))
+        max_age = settings.queue.prefill_rate_max_age_s
+        return self.dispatcher.slot_wait(entry, self.backends, ctx, now, max_age, ahead)
 
-    def _sweep_slot_wait(self, policy: Policy) -> SlotWait:
+    def _sweep_slot_wait(self, settings: AdmissionSettings) -> SlotWait:
         """`_slot_wait` for one sweep: every entry it judges is queued, so its tenant is already present
         and one decision serves them all — until the sweep sheds one (a tenant may leave with it)."""
-        inputs: dict[int, tuple[PoolBudgets, dict[str, int]]] = {}
-        max_age = policy.queue.prefill_rate_max_age_s
+        decided: dict[int, Decision] = {}
+        max_age = settings.queue.prefill_rate_max_age_s
 
         def slot_wait(entry: Entry, now: float, ahead: int) -> float | None:
             depth = len(self.queue)
-            if depth not in inputs:
-                inputs.clear()
-                inputs[depth] = self.decision(policy)
-            budgets, limits = inputs[depth]
-            return self.dispatcher.slot_wait(entry, self.backends, budgets, limits, now, max_age, ahead)
+            if depth not in decided:
+                decided.clear()
+                decided[depth] = self.decision(settings)
+            return self.dispatcher.slot_wait(entry, self.backends, decided[depth], now, max_age, ahead)
 
         return slot_wait
 
-    def _slot_rule(self, policy: Policy, candidate: tuple[int, str] | None) -> SlotRule:
-        top = policy.queue.priorities.top
-        tenant_fraction = policy.fairness.reserve_fraction
+    def _slot_rule(
+        self, settings: AdmissionSettings, candidate: tuple[int, str] | None, now: float
+    ) -> SlotRule:
+        top = settings.queue.priorities.top
+        tenant_fraction = settings.fairness.reserve_fraction
         present: dict[int, dict[str, float]] = {}
         if tenant_fraction > 0:
             seats = self.queue.tenants() | self.dispatcher.holdings.tenants()
             if candidate is not None:
                 seats.add(candidate)
             for band, tenant in seats:
-                present.setdefault(band, {})[tenant] = self._weight(policy, tenant)
-        priorities = policy.queue.priorities
-        hold = priorities.reserve_hold_s
-        held = hold is None or self.clock() - self._top_seen <= hold
+                present.setdefault(band, {})[tenant] = self._weight(settings, tenant)
+        priorities = settings.queue.priorities
+        reserve_hold = priorities.reserve_hold_s
+        held = reserve_hold is None or now - self._top_seen <= reserve_hold
         return SlotRule(
             top_band=-math.inf if top is None else top,
             band_fraction=priorities.reserve_fraction if held else 0.0,
             tenant_fraction=tenant_fraction,
             present=present,
-            weight_of=lambda tenant: self._weight(policy, tenant),
+            weight_of=lambda tenant: self._weight(settings, tenant),
         )
 
     def _batch_tpot_target(self, backend: BackendState) -> float | None:
@@ -361,53 +444,48 @@ class PoolScheduler:
         ]
         return min(targets, default=None)
 
-    def _sync_limits(self, policy: Policy) -> None:
+    def _sync_limits(self, settings: AdmissionSettings) -> None:
+        controller = settings.controller
         for b in self.backends:
             current = self.limits.get(b.url)
             if current is None:
-                current = self.limits[b.url] = make_limit(policy.controller)
-            elif current.policy is not policy.controller:
-                if current.policy == policy.controller:  # a reload that left the controller alone
-                    current.policy = policy.controller  # (compare by identity from now on: cheaper)
+                current = self.limits[b.url] = make_limit(controller)
+            elif current.policy is not controller:
+                if current.policy == controller:  # a reload that left the controller alone
+                    current.policy = controller  # (compare by identity from now on: cheaper)
                 else:
-                    current = self.limits[b.url] = make_limit(policy.controller, current.limit)
+                    current = self.limits[b.url] = make_limit(controller, current.limit)
             b.concurrency_limit = current.limit
 
-    def _borrow(self, now: float) -> tuple[Entry, BackendState, int] | None:
+    def _borrow(self, now: float, ctx: Decision) -> tuple[Entry, BackendState, int] | None:
         """Our own backends are full: offer the first request this round may release to the lender —
         the first whole one: a loan must be revocable, and a stream cannot be taken back once it has
-        started (see `_reclaim`)."""
+        started (lending.py)."""
         if self._lender is None:
             return None
         head = next(
-            (e for e in self.queue.ordered() if self.dispatcher.joins_round(e) and not e.ticket.stream),
+            (e for e in self.queue.ordered() if self.dispatcher.joins_round(e, ctx) and not e.ticket.stream),
             None,
         )
         loan = None if head is None else self._lender.lend(head, now)
         return None if head is None or loan is None else (head, *loan)
 
-    def _reclaim(self, budgets: PoolBudgets, limits: dict[str, int]) -> None:
-        """Our own head request waits, and on no backend would a round opened now take it; where a
-        loan holds what it lacks (a slot, KV, its bucket), revoke the newest loan — one at a time per
-        backend, so each revocation is seen freed before the next. Loans start only while none of our
-        requests wait (`lend`); this is the other half: they do not hold the backend once ours wait."""
+    def _reclaim(self, ctx: Decision) -> None:
+        """Our own head request waits, and on no backend would a round opened now take it: take back
+        loans that hold what it lacks (lending.py). Loans start only while none of our requests wait
+        (`lend`); this is the other half: they do not hold the backend once ours wait."""
         head = next(self.queue.ordered(), None)
         if head is None:
             return
-        blocked = self.dispatcher.blocked_by(head, self.backends, budgets, limits, new_round=True)
+        blocked = self.dispatcher.blocked_by(head, self.backends, ctx, new_round=True)
         if len(blocked) < len(self.backends):
             return  # it fits somewhere: the round or the window holds it, not a loan
-        for url, reason in blocked.items():
-            if reason not in _RECLAIMABLE:
-                continue
-            loans = [lease for lease in self._loans if lease.backend.url == url]
-            if loans and not any(lease.revoked for lease in loans):
-                loans[-1].revoke()
+        self._loans.reclaim(blocked)
 
-    def _preempt(self, ticket: Ticket, backend: BackendState, budgets: PoolBudgets) -> None:
-        """Take back the prompts that would ride in `ticket`'s prefill batch (`Dispatcher.preempt`): their
-        pipelines abandon the upstream call (the engine aborts it) and queue them again."""
-        victims = {id(t) for t in self.dispatcher.preempt(ticket, backend, budgets.shield)}
+    def _preempt(self, ticket: Ticket, backend: BackendState, ctx: Decision) -> None:
+        """Take back the prompts that would ride in `ticket`'s prefill batch (shield.py): their pipelines
+        abandon the upstream call (the engine aborts it) and queue them again."""
+        victims = {id(t) for t in self.dispatcher.preempt(ticket, backend, ctx)}
         if not victims:
             return
         for lease in [*self._leases, *self._loans]:
@@ -427,13 +505,12 @@ class PoolScheduler:
     ) -> None:
         """Hand `entry` its lease (the dispatcher, or the lender for a loan, has already accounted it).
         A loan is always revocable; `revocable`: our own request may be preempted too."""
+        assert self._ctx is not None  # the pass that placed it decided first
         self.queue.remove(entry)
         ticket = entry.ticket
-        if loan:
-            self.borrowed += 1
         self.counters.served(ticket.tenant)
         self.counters.charge(ticket.tenant, entry.charge)
-        self.dispatcher.recent.charge(ticket.tenant, entry.charge, now, self.dispatcher.share_window_s)
+        self.dispatcher.standing.recent.charge(ticket.tenant, entry.charge, now, self._ctx.share_window_s)
         ticket.backend = backend.url
         ticket.dispatched_at = now
         lease = Lease(entry, backend, entry.charge, loan, self._release, engine_priority, self._started)
@@ -441,17 +518,17 @@ class PoolScheduler:
         lease.revocable = loan or revocable
         self._leases.add(lease)
         if loan and self._lender is not None:
-            self._lender._loans.append(lease)
+            self._lender.on_loan(lease)
         waiter = self._waiters.pop(entry)
         waiter.lease = lease
         waiter.event.set()
 
+    def _owner(self, lease: Lease) -> PoolScheduler:
+        """The pool whose backend runs `lease`: the lender for a loan."""
+        return self._lender if lease.loan and self._lender is not None else self
+
     def _started(self, lease: Lease) -> None:
-        """The lease's first byte came: its prefill no longer waits in the engine (the prefill shield)."""
-        owner = self._lender if lease.loan and self._lender is not None else self
-        owner.dispatcher.started(lease.backend.url, lease.ticket)
-        if owner.dispatcher.shield_held and owner.queue:
-            owner.pump()  # only then: a pump on every first byte would move rounds and windows
+        self._owner(lease).prefill_started(lease)
 
     def _fail(self, entry: Entry, err: ApiError) -> None:
         waiter = self._waiters.pop(entry)
@@ -469,16 +546,13 @@ class PoolScheduler:
     def _release(
         self, lease: Lease, usage: Usage | None, outcome: Outcome, ttft_s: float | None, tpot_s: float | None
     ) -> None:
+        """The lease's callback: the backend's owner settles the work; this pool, whose request it was,
+        corrects the tenant's fairness charge by the actual usage."""
         self._leases.discard(lease)
-        if lease.loan and self._lender is not None:
-            self._lender._loans.remove(lease)
-        ticket, backend, entry = lease.ticket, lease.backend, lease.entry
-        policy = self.policy_getter()
-        in_flight = backend.active
-        owner = self._lender if lease.loan and self._lender is not None else self
-        owner.dispatcher.release(ticket, backend, self.clock())
+        ticket, entry = lease.ticket, lease.entry
+        fair = self.settings().fairness
+        self._owner(lease).settle(lease, usage, outcome, ttft_s, tpot_s)
         if usage is not None:
-            fair = policy.fairness
             actual = token_charge(
                 usage.prompt_tokens,
                 usage.completion_tokens,
@@ -487,27 +561,13 @@ class PoolScheduler:
                 fair.output_weight,
             )
             self.counters.charge(ticket.tenant, actual - lease.charged)
-            self.dispatcher.recent.charge(
+            self.dispatcher.standing.recent.charge(
                 ticket.tenant,
                 actual - lease.charged,
                 self.clock(),
-                policy.fairness.share_window_s,
+                fair.share_window_s,
                 at=lease.dispatched_at,
             )
-        prompt = (
-            usage.prompt_tokens if usage is not None and usage.prompt_tokens else ticket.cost.prompt_tokens
-        )
-        # the engine that did the work learns from it: a loan's samples go to the lender's rate and limit
-        if outcome == Outcome.OK and ttft_s is not None:
-            owner.observe_prefill(prompt, ttft_s)
-        limit = owner.limits.get(backend.url)
-        if limit is not None and (outcome == Outcome.OK or outcome in DROP_OUTCOMES):
-            shared = None if entry.slo.tpot_p99_s is not None else owner._batch_tpot_target(backend)
-            ratio = latency_ratio(entry.slo, ttft_s, tpot_s, prompt / owner.rate.at(self.clock()), shared)
-            limit.update(Sample(self.clock(), in_flight, ratio, dropped=outcome in DROP_OUTCOMES))
-            backend.concurrency_limit = limit.limit
         self.pump()
         if lease.loan and self._lender is not None:
-            self.borrowed -= 1
-            self._lender.lent -= 1
             self._lender.pump()  # its own waiting requests may take the freed slot

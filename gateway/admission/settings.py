@@ -1,23 +1,20 @@
-"""Policy sections for the SLO-aware queue and the dispatcher (owned by the admission room).
+"""Policy sections for the SLO-aware queue and the dispatcher.
 
-Composed into gateway.policy.Policy under the keys queue, budgets, window, controller, fairness.
-Sections with a `pools` map hold per-pool overrides of the section's own defaults; `for_pool` resolves them.
+Composed into gateway.policy.Policy under the keys queue, budgets, window, controller, fairness; a pool's
+scheduler reads them as one `AdmissionSettings` (its own sections, not the whole policy). Sections with a
+`pools` map hold per-pool overrides of the section's own defaults; `for_pool` resolves them.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from gateway.schema import Frozen
-
-
-class _Strict(Frozen):  # frozen, like every settings schema (gateway/schema.py)
-    model_config = ConfigDict(extra="forbid")
+from gateway.schema import Frozen, FrozenDict
 
 
-class SLOClass(_Strict):
+class SLOClass(Frozen):
     """Service objectives of one traffic class (interactive, offline, ...)."""
 
     pool: str | None = None
@@ -34,8 +31,8 @@ class SLOClass(_Strict):
         return self.ttft_p99_s if self.ttft_p99_s is not None else self.completion_deadline_s
 
 
-class PriorityPolicy(_Strict):
-    levels: dict[str, int] = Field(default_factory=lambda: {"low": 0, "normal": 5, "high": 10})
+class PriorityPolicy(Frozen):
+    levels: FrozenDict[str, int] = Field(default_factory=lambda: {"low": 0, "normal": 5, "high": 10})
     default: int = 5
     reserve_fraction: float = Field(
         default=0.15,
@@ -72,8 +69,8 @@ class PriorityPolicy(_Strict):
         return min(at_or_below, key=lambda vn: (-vn[0], vn[1]))[1] if at_or_below else "default"
 
 
-class QueuePolicy(_Strict):
-    classes: dict[str, SLOClass] = Field(
+class QueuePolicy(Frozen):
+    classes: FrozenDict[str, SLOClass] = Field(
         default_factory=lambda: {
             "interactive": SLOClass(pool="interactive"),
             "offline": SLOClass(
@@ -134,7 +131,7 @@ class QueuePolicy(_Strict):
     )
 
 
-class LendPolicy(_Strict):
+class LendPolicy(Frozen):
     """Lending this pool's backends to another pool's work (offline borrowing interactive backends)."""
 
     enabled: bool = False
@@ -147,7 +144,7 @@ class LendPolicy(_Strict):
     )
 
 
-class ShieldPolicy(_Strict):
+class ShieldPolicy(Frozen):
     """Keeping lower-ranked prompts out of a higher-ranked request's prefill batch (dispatch.py)."""
 
     tokens: int | None = Field(
@@ -189,7 +186,7 @@ class ShieldPolicy(_Strict):
         return self.revoke_s if self.tokens is not None else None
 
 
-class PoolBudgets(_Strict):
+class PoolBudgets(Frozen):
     """The per-backend budgets of one pool: prefill per round, KV watermark, modality bucket caps."""
 
     prefill_tokens_per_round: int = Field(default=8192, gt=0)
@@ -205,7 +202,7 @@ class PoolBudgets(_Strict):
         default=0.1, gt=0, description="Length of one dispatch round (prefill budget period)."
     )
     kv_watermark: float = Field(default=0.85, gt=0, le=1)
-    bucket_caps: dict[str, int] = Field(
+    bucket_caps: FrozenDict[str, int] = Field(
         default_factory=lambda: {"multi_image": 16, "single_image": 64, "long_doc": 8}
     )
     lend: LendPolicy = Field(default_factory=LendPolicy)
@@ -213,7 +210,7 @@ class PoolBudgets(_Strict):
 
 
 class BudgetPolicy(PoolBudgets):
-    pools: dict[str, PoolBudgets] = Field(
+    pools: FrozenDict[str, PoolBudgets] = Field(
         default_factory=dict,
         description="Per-pool overrides: each names only what differs; the rest is the budgets above.",
     )
@@ -237,14 +234,14 @@ class BudgetPolicy(PoolBudgets):
         return self.pools.get(pool) or self
 
 
-class AccumulatePolicy(_Strict):
+class AccumulatePolicy(Frozen):
     """Offline pools: hold work until this many prefill tokens are queued or the oldest waited this long."""
 
     tokens: int = Field(default=32768, gt=0)
     max_wait_s: float = Field(default=2.0, ge=0)
 
 
-class WindowPolicy(_Strict):
+class WindowPolicy(Frozen):
     enabled: bool = True
     max_window_s: float = Field(default=0.05, ge=0)
     light_load: float = Field(
@@ -259,7 +256,7 @@ class WindowPolicy(_Strict):
     slack_fraction: float = Field(
         default=0.5, ge=0, le=1, description="Share of the oldest request's slack a window may use."
     )
-    accumulate: dict[str, AccumulatePolicy] = Field(
+    accumulate: FrozenDict[str, AccumulatePolicy] = Field(
         default_factory=lambda: {"offline": AccumulatePolicy()}, description="Pool name → accumulate mode."
     )
 
@@ -270,7 +267,7 @@ class WindowPolicy(_Strict):
         return self
 
 
-class ControllerPolicy(_Strict):
+class ControllerPolicy(Frozen):
     algorithm: Literal["fixed", "aimd", "gradient"] = "gradient"
     initial: int = Field(default=32, ge=1)
     min: int = Field(default=4, ge=1)
@@ -298,10 +295,10 @@ class ControllerPolicy(_Strict):
         return self
 
 
-class FairnessPolicy(_Strict):
+class FairnessPolicy(Frozen):
     input_weight: float = Field(default=1.0, ge=0)
     output_weight: float = Field(default=2.0, ge=0)
-    weights: dict[str, float] = Field(
+    weights: FrozenDict[str, float] = Field(
         default_factory=dict, description="Tenant → VTC weight overriding the tenant store's weight."
     )
     reserve_fraction: float = Field(
@@ -318,3 +315,16 @@ class FairnessPolicy(_Strict):
         "dispatched over about this long are below its share (and who holds fewer slots than its share) "
         "is served first in its band and gets the higher engine priority.",
     )
+
+
+class AdmissionSettings(Frozen):
+    """The sections a pool's scheduler decides by, as one value (`Policy.admission`): admission depends
+    on its own settings, not on the policy that composes them. `default_weight` weighs a tenant that
+    neither `fairness.weights` nor the tenant store weighs (the policy's `tenant_defaults.weight`)."""
+
+    queue: QueuePolicy = Field(default_factory=QueuePolicy)
+    budgets: BudgetPolicy = Field(default_factory=BudgetPolicy)
+    window: WindowPolicy = Field(default_factory=WindowPolicy)
+    controller: ControllerPolicy = Field(default_factory=ControllerPolicy)
+    fairness: FairnessPolicy = Field(default_factory=FairnessPolicy)
+    default_weight: float = Field(default=1.0, gt=0)

@@ -64,7 +64,8 @@ class PrefillRate:
             self._estimate()
 
     def at(self, now: float) -> float:
-        """The rate as of `now`, once the samples that aged out are forgotten."""
+        """The rate as of `now`, once the samples that aged out are forgotten (a cache refresh, not a
+        change: the rate is a function of the samples seen and `now`, whoever asks first)."""
         if self._expire(now):
             self._estimate()
         return self.tokens_per_s

@@ -17,7 +17,8 @@ It looks at the top waiting band only, so work of a lower band never holds a hig
 
 Slack = deadline − now − the request's own prefill time, so the window never spends slack the oldest
 request does not have. Pools named in `accumulate` (offline) instead hold until `tokens` prefill tokens
-are queued or the oldest request waited `max_wait_s`. `length_s` is the last computed hold.
+are queued or the oldest request waited `max_wait_s`. Pure functions: the scheduler keeps the hold its
+last dispatch pass computed (the `window_s` gauge).
 """
 
 from __future__ import annotations
@@ -50,24 +51,20 @@ def under_load(level: float, policy: WindowPolicy) -> bool:
     return policy.enabled and level > policy.light_load
 
 
-class BatchWindow:
-    def __init__(self) -> None:
-        self.length_s = 0.0
+def opens_at(pool: str, load: QueueLoad, policy: WindowPolicy) -> float:
+    """The time the next round may open (at or before now means: open it now)."""
+    return load.oldest_enqueued_at + hold(pool, load, policy)
 
-    def opens_at(self, pool: str, load: QueueLoad, policy: WindowPolicy) -> float:
-        """The time the next round may open (at or before now means: open it now)."""
-        self.length_s = self._length(pool, load, policy)
-        return load.oldest_enqueued_at + self.length_s
 
-    @staticmethod
-    def _length(pool: str, load: QueueLoad, policy: WindowPolicy) -> float:
-        if not policy.enabled:
-            return 0.0
-        acc = policy.accumulate.get(pool)
-        if acc is not None:
-            return 0.0 if load.prefill_tokens >= acc.tokens else acc.max_wait_s
-        if not under_load(load.level, policy) or load.prefill_tokens >= load.round_tokens:
-            return 0.0
-        light = policy.light_load
-        w = policy.max_window_s * min(1.0, (load.level - light) / (policy.full_load - light))
-        return min(w, policy.slack_fraction * max(0.0, load.oldest_slack_s))
+def hold(pool: str, load: QueueLoad, policy: WindowPolicy) -> float:
+    """How long after the oldest waiting request's arrival the next round opens."""
+    if not policy.enabled:
+        return 0.0
+    acc = policy.accumulate.get(pool)
+    if acc is not None:
+        return 0.0 if load.prefill_tokens >= acc.tokens else acc.max_wait_s
+    if not under_load(load.level, policy) or load.prefill_tokens >= load.round_tokens:
+        return 0.0
+    light = policy.light_load
+    w = policy.max_window_s * min(1.0, (load.level - light) / (policy.full_load - light))
+    return min(w, policy.slack_fraction * max(0.0, load.oldest_slack_s))

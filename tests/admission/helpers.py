@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import math
+from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
+from gateway.admission.decision import Decision
 from gateway.admission.fairness import token_charge
 from gateway.admission.lease import Lease
 from gateway.admission.queue import Entry, effective_deadline
 from gateway.admission.scheduler import PoolScheduler
+from gateway.admission.settings import PoolBudgets
+from gateway.admission.slots import SlotRule
 from gateway.backends.state import BackendState
 from gateway.policy import Policy
 from gateway.ticket import Cost, Ticket
@@ -58,6 +64,27 @@ def ticket(
 def policy(**sections: Any) -> Policy:
     """A Policy from plain dicts per section, e.g. policy(window={"enabled": False})."""
     return Policy.model_validate(sections)
+
+
+def decision(
+    budgets: PoolBudgets | None = None,
+    *,
+    limit: int = 8,
+    limits: Mapping[str, int] | None = None,
+    now: float = 0.0,
+    rule: SlotRule | None = None,
+    pool_slots: int = 0,
+    prefill_rate: float = math.inf,
+) -> Decision:
+    """A dispatcher's decision context: `limits` per backend URL, else `limit` for every backend."""
+    return Decision(
+        now=now,
+        budgets=budgets or PoolBudgets(),
+        limits=limits if limits is not None else defaultdict(lambda: limit),
+        rule=rule or SlotRule(),
+        pool_slots=pool_slots,
+        prefill_rate=prefill_rate,
+    )
 
 
 def entry(t: Ticket, pol: Policy | None = None, *, weight: float = 1.0, now: float | None = None) -> Entry:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from gateway.admission.dispatch import Dispatcher, backend_load, kv_occupied, release
+from gateway.admission.budgets import backend_load, kv_occupied, vacate
+from gateway.admission.dispatch import Dispatcher
 from gateway.admission.fairness import VirtualTokenCounters
 from gateway.admission.queue import Entry, SLOQueue
 from gateway.admission.settings import PoolBudgets
 from gateway.backends.state import BackendState
-from tests.admission.helpers import backends, entry, ticket
+from gateway.ticket import Ticket
+from tests.admission.helpers import backends, decision, entry, ticket
 
 BUDGETS = PoolBudgets(prefill_tokens_per_round=1000, kv_watermark=0.5, bucket_caps={"multi_image": 1})
+CTX = decision(BUDGETS)
+
+
+def _fits(d: Dispatcher, t: Ticket, b: BackendState) -> bool:
+    return d.shared_budget_miss(t, b, CTX) is None
 
 
 def _run(entries: list[Entry], pool: list[BackendState], limit: int = 8) -> list[tuple[Entry, str]]:
@@ -18,12 +25,13 @@ def _run(entries: list[Entry], pool: list[BackendState], limit: int = 8) -> list
     for e in entries:
         q.push(e)
     d = Dispatcher()
-    d.open_round(0.0)
+    d.rounds.open(0.0)
     out = []
-    while (placed := d.place(q.ordered(), pool, BUDGETS, {b.url: limit for b in pool})) is not None:
+    ctx = decision(BUDGETS, limit=limit)
+    while (placed := d.place(q.ordered(), pool, ctx)) is not None:
         e, b = placed
         q.remove(e)
-        d.commit(e.ticket, b)
+        d.commit(e.ticket, b, ctx)
         out.append((e, b.url))
     return out
 
@@ -47,13 +55,15 @@ def test_prefill_budget_per_round_and_big_request_alone() -> None:
 def test_new_round_resets_prefill_budget_and_round_timing() -> None:
     d = Dispatcher()
     b = backends(1)[0]
-    d.open_round(10.0)
-    d.commit(ticket(prompt=1000), b)
-    assert d.round_open(10.4, PoolBudgets(round_s=0.5)) and not d.round_open(10.5, PoolBudgets(round_s=0.5))
-    assert d.round_ends(PoolBudgets(round_s=0.5)) == 10.5
-    assert not d.shared_budgets_fit(ticket(prompt=1), b, BUDGETS, limit=8)
-    d.open_round(10.5)
-    assert d.shared_budgets_fit(ticket(prompt=1000), b, BUDGETS, limit=8)
+    d.rounds.open(10.0)
+    d.commit(ticket(prompt=1000), b, CTX)
+    assert d.rounds.is_open(10.4, PoolBudgets(round_s=0.5)) and not d.rounds.is_open(
+        10.5, PoolBudgets(round_s=0.5)
+    )
+    assert d.rounds.ends(PoolBudgets(round_s=0.5)) == 10.5
+    assert not _fits(d, ticket(prompt=1), b)
+    d.rounds.open(10.5)
+    assert _fits(d, ticket(prompt=1000), b)
 
 
 def test_kv_watermark_uses_max_of_scraped_and_reserved() -> None:
@@ -61,12 +71,12 @@ def test_kv_watermark_uses_max_of_scraped_and_reserved() -> None:
     d = Dispatcher()
     b.reserved_kv_tokens = 100  # scrape says 300 → occupancy 300; 300 + 200 ≤ 0.5 · 1000
     assert kv_occupied(b) == 300
-    assert d.shared_budgets_fit(ticket(prompt=150, output=50), b, BUDGETS, limit=8)
-    assert not d.shared_budgets_fit(ticket(prompt=150, output=51), b, BUDGETS, limit=8)
+    assert _fits(d, ticket(prompt=150, output=50), b)
+    assert not _fits(d, ticket(prompt=150, output=51), b)
     b.reserved_kv_tokens = 450  # our reservations exceed the (lagging) scrape → occupancy 450
     assert kv_occupied(b) == 450
-    assert d.shared_budgets_fit(ticket(prompt=50), b, BUDGETS, limit=8)
-    assert not d.shared_budgets_fit(ticket(prompt=51), b, BUDGETS, limit=8)
+    assert _fits(d, ticket(prompt=50), b)
+    assert not _fits(d, ticket(prompt=51), b)
     b.used_tokens, b.token_usage = None, 0.49  # only the usage ratio was scraped
     b.reserved_kv_tokens = 0
     assert kv_occupied(b) == 490
@@ -76,8 +86,8 @@ def test_kv_check_off_before_first_scrape_and_for_an_idle_backend() -> None:
     d = Dispatcher()
     unscraped = BackendState(url="http://b0", pool="p", active=3)
     idle = BackendState(url="http://b1", pool="p", max_total_tokens=100, used_tokens=90)
-    assert d.shared_budgets_fit(ticket(prompt=900), unscraped, BUDGETS, limit=8)
-    assert d.shared_budgets_fit(ticket(prompt=900), idle, BUDGETS, limit=8)
+    assert _fits(d, ticket(prompt=900), unscraped)
+    assert _fits(d, ticket(prompt=900), idle)
 
 
 def test_bucket_at_cap_is_skipped_not_blocking() -> None:
@@ -114,59 +124,61 @@ def test_commit_and_release_are_exact_inverses() -> None:
     b = backends(1)[0]
     d = Dispatcher()
     t = ticket(prompt=100, output=30, bucket="single_image")
-    d.commit(t, b)
+    d.commit(t, b, CTX)
     assert (b.active, b.outstanding_tokens, b.reserved_kv_tokens, b.bucket_active) == (
         1,
         130,
         130,
         {"single_image": 1},
     )
-    release(t, b)
+    vacate(b, t)
     assert (b.active, b.outstanding_tokens, b.reserved_kv_tokens, b.bucket_active) == (0, 0, 0, {})
 
 
 def test_grouped_round_admits_late_arrivals_only_from_a_strictly_higher_band() -> None:
     d = Dispatcher()
-    d.open_round(10.0, grouped=True, top_band=5)
+    d.rounds.open(10.0, grouped=True, top_band=5)
     waiting, late_same, late_high = (
         entry(ticket(priority=p), now=t) for p, t in ((0, 10.0), (5, 10.01), (10, 10.01))
     )
-    assert d.joins_round(waiting) and not d.joins_round(late_same) and d.joins_round(late_high)
-    d.commit(late_high.ticket, backends(1)[0])
-    assert d.round_bar == 10 and not d.joins_round(entry(ticket(priority=10), now=10.02))
-    assert d.round_dispatched == {10: 1}
-    d.open_round(10.1)  # not grouped: everyone joins
-    assert d.joins_round(late_same) and d.round_dispatched == {}
+    assert d.joins_round(waiting, CTX) and not d.joins_round(late_same, CTX) and d.joins_round(late_high, CTX)
+    d.commit(late_high.ticket, backends(1)[0], CTX)
+    assert d.rounds.bar == 10 and not d.joins_round(entry(ticket(priority=10), now=10.02), CTX)
+    assert d.rounds.dispatched == {10: 1}
+    d.rounds.open(10.1)  # not grouped: everyone joins
+    assert d.joins_round(late_same, CTX) and d.rounds.dispatched == {}
 
 
 def test_recent_prefill_counts_tokens_of_the_band_and_above_of_the_last_round_only() -> None:
     d = Dispatcher()
     budgets = PoolBudgets(round_s=0.5)
-    d.open_round(10.0)
+    d.rounds.open(10.0)
     pool = backends(1)
     for p, prompt in ((0, 1000), (5, 10), (5, 20), (10, 300)):
-        d.commit(ticket(priority=p, prompt=prompt), pool[0])
-    d.commit(ticket(priority=10, prompt=4000), pool[0], loan=True)  # another pool's request: no demand
-    assert d.recent_prefill(10.5, budgets) == 1330
-    assert d.recent_prefill(10.5, budgets, min_band=5) == 330
-    assert d.round_dispatched == {0: 1, 5: 2, 10: 1}
-    assert d.recent_prefill(11.0, budgets) == 0  # an idle gap of a whole round
+        d.commit(ticket(priority=p, prompt=prompt), pool[0], CTX)
+    d.commit(ticket(priority=10, prompt=4000), pool[0], CTX, loan=True)  # another pool's request: no demand
+    assert d.rounds.recent_prefill(10.5, budgets) == 1330
+    assert d.rounds.recent_prefill(10.5, budgets, min_band=5) == 330
+    assert d.rounds.dispatched == {0: 1, 5: 2, 10: 1}
+    assert d.rounds.recent_prefill(11.0, budgets) == 0  # an idle gap of a whole round
 
 
 def test_room_is_every_budget_but_the_rounds_prefill() -> None:
     pool = backends(2)
     budgets = PoolBudgets(prefill_tokens_per_round=100, kv_watermark=0.5, bucket_caps={"multi_image": 1})
     d = Dispatcher()
-    d.open_round(0.0)
-    d.commit(ticket(prompt=100), pool[0])
-    d.commit(ticket(prompt=100), pool[1])
+    d.rounds.open(0.0)
+    d.commit(ticket(prompt=100), pool[0], CTX)
+    d.commit(ticket(prompt=100), pool[1], CTX)
     limits = {"http://b0": 2, "http://b1": 2}
     e = entry(ticket(prompt=50))
 
     def has_room(e: Entry, limits: dict[str, int] = limits) -> bool:
-        return d.slot_wait(e, pool, budgets, limits, 0.0, 30.0) == 0.0
+        return d.slot_wait(e, pool, decision(budgets, limits=limits), 0.0, 30.0) == 0.0
 
-    assert d.place([e], pool, budgets, limits) is None  # the round's prefill is spent on both ...
+    assert (
+        d.place([e], pool, decision(budgets, limits=limits)) is None
+    )  # the round's prefill is spent on both ...
     assert has_room(e)  # ... but that frees itself within round_s
     assert not has_room(e, {"http://b0": 1, "http://b1": 1})  # concurrency
     pool[0].max_total_tokens = pool[1].max_total_tokens = 200

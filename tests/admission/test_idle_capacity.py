@@ -24,7 +24,7 @@ FIXED_1 = {"algorithm": "fixed", "initial": 1, "min": 1, "max": 1}
 
 
 def _sched(pol: Policy, pool: list[BackendState], clock: FakeClock) -> PoolScheduler:
-    return PoolScheduler("interactive", pool, lambda: pol, clock=clock)
+    return PoolScheduler("interactive", pool, lambda: pol.admission, clock=clock)
 
 
 def _t(clock: FakeClock, prompt: int = 100) -> Ticket:
@@ -150,7 +150,7 @@ async def test_work_for_a_pool_without_available_backends_times_out_instead_of_w
     s = _sched(pol, pool, clock)
     waiting = asyncio.create_task(s.acquire(_t(clock, 100)))
     await settle()
-    assert not waiting.done() and s._next_wake == 1000.1  # run() re-checks at every sweep
+    assert not waiting.done() and s.next_wake == 1000.1  # run() re-checks at every sweep
     clock.now = 1001.0
     s.pump()
     with pytest.raises(ApiError) as exc:

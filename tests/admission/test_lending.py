@@ -1,4 +1,4 @@
-"""Offline work borrowing interactive backends (`PoolScheduler.lend_to`): off by default, only below the
+"""Offline work borrowing interactive backends (`PoolScheduler.borrow_from`): off by default, only below the
 lending pool's load threshold, never while the lending pool's own requests wait — and given back (the
 newest loan revoked) as soon as they do. Only whole requests borrow: a loan must be revocable."""
 
@@ -35,9 +35,9 @@ async def test_offline_borrows_an_interactive_backend_only_when_allowed_and_neve
     clock = FakeClock()
     i0 = BackendState(url="http://i0", pool="interactive")
     o0 = BackendState(url="http://o0", pool="offline")
-    inter = PoolScheduler("interactive", [i0], lambda: current["p"], clock=clock)
-    off = PoolScheduler("offline", [o0], lambda: current["p"], clock=clock)
-    inter.lend_to(off)
+    inter = PoolScheduler("interactive", [i0], lambda: current["p"].admission, clock=clock)
+    off = PoolScheduler("offline", [o0], lambda: current["p"].admission, clock=clock)
+    off.borrow_from(inter)
 
     own = [await spawn(off, _offline()) for _ in range(4)]
     assert all(t.done() and t.result().backend is o0 for t in own)
@@ -49,10 +49,10 @@ async def test_offline_borrows_an_interactive_backend_only_when_allowed_and_neve
     await asyncio.sleep(0)
     loan = fifth.result()
     assert loan.backend is i0 and loan.loan and (inter.lent, off.borrowed) == (1, 1)
-    assert inter.dispatcher.round_prefill == {
+    assert inter.dispatcher.rounds.prefill == {
         "http://i0": {0: 100}
     }  # the loan spends the lender's round budget
-    assert inter.dispatcher.round_dispatched == {}  # but is not interactive arrival pressure
+    assert inter.dispatcher.rounds.dispatched == {}  # but is not interactive arrival pressure
     sixth = await spawn(off, _offline())  # i0 at 1/4 < 0.5
     seventh = await spawn(off, _offline())  # i0 at 2/4: not below 0.5
     assert sixth.result().backend is i0 and not seventh.done() and i0.active == 2
@@ -89,9 +89,9 @@ async def test_streams_never_borrow_and_an_armed_loan_is_cancelled_only_until_di
     i0 = BackendState(url="http://i0", pool="interactive")
     o0 = BackendState(url="http://o0", pool="offline")
     pol = _policy(lend=True)
-    inter = PoolScheduler("interactive", [i0], lambda: pol, clock=clock)
-    off = PoolScheduler("offline", [o0], lambda: pol, clock=clock)
-    inter.lend_to(off)
+    inter = PoolScheduler("interactive", [i0], lambda: pol.admission, clock=clock)
+    off = PoolScheduler("offline", [o0], lambda: pol.admission, clock=clock)
+    off.borrow_from(inter)
     own = [await spawn(off, _offline()) for _ in range(4)]
     stream = await spawn(off, _offline(stream=True))
     whole = await spawn(off, _offline())
@@ -113,7 +113,7 @@ async def test_streams_never_borrow_and_an_armed_loan_is_cancelled_only_until_di
     assert stream.result().backend is o0
     for t in [*own[1:], stream, *chat]:
         t.result().release(None, "ok")
-    assert (i0.active, o0.active, inter.lent, off.borrowed, inter._loans) == (0, 0, 0, 0, [])
+    assert (i0.active, o0.active, inter.lent, off.borrowed) == (0, 0, 0, 0)
 
 
 async def test_a_loan_teaches_the_lenders_limit_and_prefill_rate_not_the_borrowers() -> None:
@@ -129,9 +129,9 @@ async def test_a_loan_teaches_the_lenders_limit_and_prefill_rate_not_the_borrowe
         window={"enabled": False},
         budgets={"pools": {"interactive": {"lend": {"enabled": True, "max_load": 1.0}}}},
     )
-    inter = PoolScheduler("interactive", [i0], lambda: pol, clock=clock)
-    off = PoolScheduler("offline", [o0], lambda: pol, clock=clock)
-    inter.lend_to(off)
+    inter = PoolScheduler("interactive", [i0], lambda: pol.admission, clock=clock)
+    off = PoolScheduler("offline", [o0], lambda: pol.admission, clock=clock)
+    off.borrow_from(inter)
     own = [await spawn(off, _offline()) for _ in range(4)]
     loans = [
         await spawn(off, ticket(cls="offline", tenant="batch", prompt=2000, stream=False)) for _ in range(2)
@@ -162,9 +162,9 @@ async def test_loans_are_neither_spaced_nor_space_the_lenders_own_prompts() -> N
             "pools": {"interactive": {"lend": {"enabled": True, "max_load": 1.0}}},
         },
     )
-    inter = PoolScheduler("interactive", [i0], lambda: pol, clock=clock)
-    off = PoolScheduler("offline", [o0], lambda: pol, clock=clock)
-    inter.lend_to(off)
+    inter = PoolScheduler("interactive", [i0], lambda: pol.admission, clock=clock)
+    off = PoolScheduler("offline", [o0], lambda: pol.admission, clock=clock)
+    off.borrow_from(inter)
     own = [await spawn(off, _offline()) for _ in range(8)]
     high = await inter.acquire(ticket(priority=10, prompt=100))
     high.started()  # the shield is up in the interactive pool: band 10 was there
@@ -177,7 +177,7 @@ async def test_loans_are_neither_spaced_nor_space_the_lenders_own_prompts() -> N
     first.started()
     second = await spawn(inter, ticket(priority=5, prompt=2000))
     assert not second.done() and inter.snapshot()["head"]["blocked_by"] == {"http://i0": "shield_duty"}
-    assert inter.dispatcher.spacing == {"http://i0": {id(first.ticket): clock() + 2.0}}
+    assert inter.dispatcher.shield.spacing == {"http://i0": {id(first.ticket): clock() + 2.0}}
     for t in [*own, *loans, second]:
         t.cancel() if not t.done() else t.result().release(None, "ok")
     for lease in (high, first):

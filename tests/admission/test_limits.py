@@ -97,7 +97,7 @@ def test_latency_ratio_is_worst_of_tpot_and_queueing_part_of_ttft() -> None:
 async def test_an_offline_sample_beside_interactive_requests_counts_against_their_tpot_target() -> None:
     clock = FakeClock()
     pol = policy(controller={"algorithm": "aimd", "initial": 8, "min": 1, "max": 8, "cooldown_s": 0})
-    s = PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
+    s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
     chat = await s.acquire(ticket(priority=10, prompt=1))
     batch = [await s.acquire(ticket(cls="offline", priority=0, prompt=1)) for _ in range(4)]
     batch[0].release(None, "ok", tpot_s=0.07)  # beside chat (target 0.06): an SLO miss, limit × 0.9
@@ -114,7 +114,7 @@ async def test_a_whole_answer_feeds_the_limit_its_per_token_time_not_its_length_
     TTFT and the time per output token instead, which judges the batch like a stream's TPOT."""
     clock = FakeClock()
     pol = policy(controller={"algorithm": "aimd", "initial": 8, "min": 1, "max": 8, "cooldown_s": 0})
-    s = PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
+    s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
     leases = [await s.acquire(ticket(prompt=100, stream=False)) for _ in range(6)]
     for i, (lease, seconds) in enumerate(zip(leases, (8.0, 8.0, 32.0), strict=False)):
         t = lease.ticket

@@ -8,7 +8,7 @@ import asyncio
 from gateway.admission.dispatch import Dispatcher
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import PoolBudgets
-from tests.admission.helpers import FakeClock, backends, policy, settle, ticket
+from tests.admission.helpers import FakeClock, backends, decision, policy, settle, ticket
 
 METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_fraction=1.0)
 
@@ -16,27 +16,27 @@ METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_f
 def test_carry_spends_the_following_rounds_until_paid_off() -> None:
     d = Dispatcher()
     b = backends(1)[0]
-    d.open_round(0.0, budgets=METERED)
-    d.commit(ticket(prompt=3500), b)  # alone into the empty round
-    d.open_round(0.1, budgets=METERED)
-    assert d.round_prefill == {b.url: {0: 2500}}
-    assert d.shared_budget_miss(ticket(prompt=1), b, METERED, limit=8) == "round_prefill"
-    d.open_round(0.3, budgets=METERED)  # two more rounds paid 2000 of it
-    assert d.round_prefill == {b.url: {0: 500}}
-    assert d.shared_budget_miss(ticket(prompt=500), b, METERED, limit=8) is None
-    assert d.shared_budget_miss(ticket(prompt=501), b, METERED, limit=8) == "round_prefill"
-    d.open_round(0.4, budgets=METERED)
-    assert d.round_prefill == {}
+    d.rounds.open(0.0, budgets=METERED)
+    d.commit(ticket(prompt=3500), b, decision())  # alone into the empty round
+    d.rounds.open(0.1, budgets=METERED)
+    assert d.rounds.prefill == {b.url: {0: 2500}}
+    assert d.shared_budget_miss(ticket(prompt=1), b, decision(METERED)) == "round_prefill"
+    d.rounds.open(0.3, budgets=METERED)  # two more rounds paid 2000 of it
+    assert d.rounds.prefill == {b.url: {0: 500}}
+    assert d.shared_budget_miss(ticket(prompt=500), b, decision(METERED)) is None
+    assert d.shared_budget_miss(ticket(prompt=501), b, decision(METERED)) == "round_prefill"
+    d.rounds.open(0.4, budgets=METERED)
+    assert d.rounds.prefill == {}
 
 
 def test_fixed_budget_carries_nothing() -> None:
     d = Dispatcher()
     b = backends(1)[0]
     fixed = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1)
-    d.open_round(0.0, budgets=fixed)
-    d.commit(ticket(prompt=3500), b)
-    d.open_round(0.1, budgets=fixed)
-    assert d.round_prefill == {}
+    d.rounds.open(0.0, budgets=fixed)
+    d.commit(ticket(prompt=3500), b, decision())
+    d.rounds.open(0.1, budgets=fixed)
+    assert d.rounds.prefill == {}
 
 
 def _sched(fraction: float, clock: FakeClock) -> PoolScheduler:
@@ -46,7 +46,7 @@ def _sched(fraction: float, clock: FakeClock) -> PoolScheduler:
         window={"enabled": False},
         controller={"algorithm": "fixed", "initial": 8, "min": 8, "max": 8},
     )
-    return PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
+    return PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
 
 
 def test_budget_follows_the_measured_rate_capped_by_the_configured_one() -> None:

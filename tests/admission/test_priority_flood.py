@@ -79,7 +79,7 @@ class _Engine:
 async def test_low_priority_flood_at_3x_capacity_never_refuses_high_priority_within_capacity() -> None:
     clock = FakeClock()
     pol = policy(controller={"algorithm": "fixed", "initial": LIMIT, "min": LIMIT, "max": LIMIT})
-    s = PoolScheduler("interactive", backends(2), lambda: pol, clock=clock)
+    s = PoolScheduler("interactive", backends(2), lambda: pol.admission, clock=clock)
     engine = _Engine(clock)
     outcomes: Counter[tuple[int, str]] = Counter()
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gateway.admission.decision import Decision
 from gateway.admission.scheduler import Lease, PoolScheduler
 from gateway.backends.state import BackendState
 from gateway.errors import ApiError
@@ -21,14 +22,16 @@ FIXED_1 = {"algorithm": "fixed", "initial": 1, "min": 1, "max": 1}
 def _sched(
     pol: Policy, pool: list[BackendState] | None = None, clock: FakeClock | None = None
 ) -> PoolScheduler:
-    return PoolScheduler("interactive", pool or backends(1), lambda: pol, clock=clock or FakeClock())
+    return PoolScheduler(
+        "interactive", pool or backends(1), lambda: pol.admission, clock=clock or FakeClock()
+    )
 
 
 def _assert_idle(s: PoolScheduler) -> None:
     for b in s.backends:
         assert (b.active, b.outstanding_tokens, b.reserved_kv_tokens, b.bucket_active) == (0, 0, 0, {})
-        assert s.dispatcher.pending.get(b.url, {}) == {}
-    assert len(s.queue) == 0 and s.in_flight == 0 and not s._waiters
+        assert s.dispatcher.shield.pending.get(b.url, {}) == {}
+    assert len(s.queue) == 0 and s.in_flight == 0 and s.waiting == 0
 
 
 async def test_light_load_dispatches_at_once_and_release_is_idempotent() -> None:
@@ -71,18 +74,18 @@ async def test_window_groups_prefills_under_load_and_releases_light_load_at_once
     assert all(t.done() for t in light)  # idle pool: the first opens a round, the others join it at once
     clock.now = 1000.125  # round over; it released 384 tokens, 256 wait: load 0.625 → window 0.015625
     d = await spawn(s, ticket(prompt=256))
-    assert not d.done() and s.snapshot()["window_s"] == 0.015625 and s._next_wake == 1000.140625
+    assert not d.done() and s.snapshot()["window_s"] == 0.015625 and s.next_wake == 1000.140625
     clock.now = 1000.1328125
     e = await spawn(s, ticket(prompt=256))  # load (384 + 512) / 1024 = 0.875 → window 0.046875
-    assert not e.done() and s._next_wake == 1000.171875
+    assert not e.done() and s.next_wake == 1000.171875
     clock.now = 1000.171875  # d enqueued at 1000.125 + 0.046875: the round opens, d and e go together
     s.pump()
     await settle()
     assert d.done() and e.done()
-    assert s.dispatcher.round_prefill == {"http://b0": {0: 512}} and s.dispatcher.round_grouped
+    assert s.dispatcher.rounds.prefill == {"http://b0": {0: 512}} and s.dispatcher.rounds.grouped
     clock.now = 1000.25  # inside a grouped round: a new arrival waits for the next round
     g = await spawn(s, ticket(prompt=128))
-    assert not g.done() and s._next_wake == 1000.296875
+    assert not g.done() and s.next_wake == 1000.296875
     clock.now = 1000.296875  # load (512 + 128) / 1024: its window (from 1000.25) is over
     s.pump()
     await settle()
@@ -112,7 +115,7 @@ async def test_small_requests_at_a_high_rate_to_a_backend_with_room_are_never_he
         waited.append(lease.ticket.dispatched_at - lease.ticket.arrival)
         running.append((clock.now + 0.005, lease))
     assert waited == [0.0] * 2048 and s.rejections == {}
-    assert not s.dispatcher.round_grouped and s.snapshot()["window_s"] == 0.0
+    assert not s.dispatcher.rounds.grouped and s.snapshot()["window_s"] == 0.0
     for _, lease in running:
         lease.release(None, "ok")
     _assert_idle(s)
@@ -160,7 +163,7 @@ async def _loaded_pool(clock: FakeClock) -> tuple[PoolScheduler, list[asyncio.Ta
         low.result().started()  # their first bytes came: not waiting in the engine (the prefill shield)
     clock.now = 1000.125
     lows.append(await spawn(s, ticket(priority=0, prompt=256)))
-    assert not lows[-1].done() and s._next_wake == 1000.1875
+    assert not lows[-1].done() and s.next_wake == 1000.1875
     return s, lows
 
 
@@ -170,14 +173,14 @@ async def test_higher_band_joins_a_grouped_round_at_once_same_band_waits_for_the
     clock.now = 1000.1875
     s.pump()
     await settle()
-    assert lows[-1].done() and s.dispatcher.round_grouped and s.dispatcher.round_bar == 0
+    assert lows[-1].done() and s.dispatcher.rounds.grouped and s.dispatcher.rounds.bar == 0
     clock.now = 1000.25  # mid-round
     late_low = await spawn(s, ticket(priority=0, prompt=256))
     high = await spawn(s, ticket(priority=10, prompt=256))
     second_high = await spawn(s, ticket(priority=10, prompt=256))
     assert high.done() and high.result().ticket.dispatched_at == 1000.25
     assert not late_low.done() and not second_high.done()  # the round now released band 10
-    assert s.dispatcher.round_bar == 10 and s._next_wake == 1000.3125
+    assert s.dispatcher.rounds.bar == 10 and s.next_wake == 1000.3125
     clock.now = 1000.3125
     s.pump()
     await settle()
@@ -193,7 +196,7 @@ async def test_a_lower_band_window_never_holds_a_higher_band_arrival() -> None:
     clock.now = 1000.15625  # the band-0 window would open at 1000.1875
     high = await spawn(s, ticket(priority=10, prompt=256))
     assert high.done() and lows[-1].done()  # band 10 alone is light: the round opens now, for both
-    assert s.snapshot()["window_s"] == 0.0 and s.dispatcher.round_grouped
+    assert s.snapshot()["window_s"] == 0.0 and s.dispatcher.rounds.grouped
     for t in [*lows, high]:
         t.result().release(None, "ok")
     _assert_idle(s)
@@ -273,7 +276,7 @@ async def test_cancelled_waiter_leaves_the_queue_cleanly() -> None:
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert len(s.queue) == 0 and not s._waiters
+    assert len(s.queue) == 0 and s.waiting == 0
     first.release(Usage(100, 0), "ok")
     _assert_idle(s)
 
@@ -323,7 +326,7 @@ async def test_bad_class_and_exhausted_retries_are_clear_errors() -> None:
 async def test_overload_answers_shrink_the_limit_and_policy_reload_applies() -> None:
     pol = policy(controller={"algorithm": "aimd", "initial": 8, "min": 2, "max": 8, "backoff": 0.5})
     current = {"p": pol}
-    s = PoolScheduler("interactive", backends(1), lambda: current["p"], clock=FakeClock())
+    s = PoolScheduler("interactive", backends(1), lambda: current["p"].admission, clock=FakeClock())
     (await s.acquire(ticket())).release(None, "overloaded")
     assert s.limits["http://b0"].limit == 4 and s.backends[0].concurrency_limit == 4
     current["p"] = policy(controller={"algorithm": "fixed", "initial": 3, "min": 1, "max": 8})
@@ -436,10 +439,10 @@ async def test_chaos_never_exceeds_budgets_and_returns_every_counter_to_zero() -
 
     commit = s.dispatcher.commit
 
-    def recording_commit(t: Ticket, b: BackendState, **kw: Any) -> int:  # each round's releases, per backend
-        rounds.setdefault((s.dispatcher.round_started, b.url), []).append(t.cost.prompt_tokens)
-        prio = commit(t, b, **kw)
-        spaced.append(len(s.dispatcher.spacing.get(b.url, {})))
+    def recording_commit(t: Ticket, b: BackendState, ctx: Decision, **kw: Any) -> int:  # per round, backend
+        rounds.setdefault((s.dispatcher.rounds.started, b.url), []).append(t.cost.prompt_tokens)
+        prio = commit(t, b, ctx, **kw)
+        spaced.append(len(s.dispatcher.shield.spacing.get(b.url, {})))
         return prio
 
     s.dispatcher.commit = recording_commit  # type: ignore[method-assign,assignment]

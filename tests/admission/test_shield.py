@@ -24,7 +24,7 @@ def _sched(
     clock: FakeClock, queue: dict[str, object] | None = None, n: int = 1, **budgets: object
 ) -> PoolScheduler:
     pol: Policy = policy(window={"enabled": False}, controller=FIXED_8, budgets=budgets, queue=queue or {})
-    return PoolScheduler("interactive", backends(n), lambda: pol, clock=clock)
+    return PoolScheduler("interactive", backends(n), lambda: pol.admission, clock=clock)
 
 
 def _done(tasks: list[asyncio.Task[Lease]]) -> list[bool]:
@@ -53,7 +53,7 @@ async def test_lower_band_prompts_wait_for_the_first_byte_while_a_higher_band_is
     assert _done(lows) == [True, True, True]
     for lease in (high, *(t.result() for t in lows)):
         lease.release(None, "ok")
-    assert _pending(s) == 0 and s.dispatcher.pending == {"http://b0": {}}
+    assert _pending(s) == 0 and s.dispatcher.shield.pending == {"http://b0": {}}
 
 
 async def test_small_prompts_share_the_shield_and_a_big_one_goes_alone() -> None:
@@ -108,11 +108,11 @@ async def test_a_whole_request_counts_for_its_predicted_prefill_then_falls() -> 
     first = await s.acquire(ticket(priority=5, prompt=2000, stream=False))
     second = await spawn(s, ticket(priority=5, prompt=100, stream=False))
     assert not second.done()
-    assert s._next_wake == 1000.2  # 2000 tokens at the prior 10 000 tokens/s: no first byte to wait for
+    assert s.next_wake == 1000.2  # 2000 tokens at the prior 10 000 tokens/s: no first byte to wait for
     clock.now = 1000.2
     s.pump()  # what run() does at _next_wake
     await settle()
-    waiting = s.dispatcher.pending["http://b0"][id(first.ticket)]
+    waiting = s.dispatcher.shield.pending["http://b0"][id(first.ticket)]
     assert second.done() and (waiting.tokens, waiting.due) == (2000, 1000.2)
 
 
@@ -122,7 +122,7 @@ async def test_a_tenant_under_its_share_raises_the_shield_in_its_own_band() -> N
     heavy = [await spawn(s, ticket(tenant="heavy", prompt=300)) for _ in range(2)]
     assert _done(heavy) == [True, True]  # heavy alone is at its share: rank 5, no shield
     light = await s.acquire(ticket(tenant="light", prompt=50))
-    assert s.dispatcher.rank_seen == {5.0: 1000.0, 5.5: 1000.0}  # light went under its share
+    assert s.dispatcher.shield.rank_seen == {5.0: 1000.0, 5.5: 1000.0}  # light went under its share
     third = await spawn(s, ticket(tenant="heavy", prompt=100))
     assert not third.done() and s.snapshot()["head"]["blocked_by"] == {"http://b0": "prefill_shield"}
     light.started()
@@ -143,7 +143,7 @@ async def test_big_lower_ranked_prompts_are_spaced_by_duty_and_small_ones_pass()
     small = await spawn(s, ticket(priority=5, prompt=300))
     assert small.done() and not second.done()  # within `tokens`: not spaced, and it passes
     small.result().started()
-    assert s._next_wake == 1002.0  # 2000 tokens at the prior 10 000 tokens/s, over duty 0.1
+    assert s.next_wake == 1002.0  # 2000 tokens at the prior 10 000 tokens/s, over duty 0.1
     clock.now = 1002.0 - 1e-6
     s.pump()
     await settle()
@@ -151,7 +151,7 @@ async def test_big_lower_ranked_prompts_are_spaced_by_duty_and_small_ones_pass()
     clock.now = 1002.0
     s.pump()  # what run() does at _next_wake
     await settle()
-    assert second.done() and s.dispatcher.spacing["http://b0"] == {id(second.result().ticket): 1004.0}
+    assert second.done() and s.dispatcher.shield.spacing["http://b0"] == {id(second.result().ticket): 1004.0}
 
 
 @pytest.mark.parametrize("case", ["duty null", "no higher rank", "the top rank"])
@@ -164,7 +164,7 @@ async def test_what_duty_does_not_space(case: str) -> None:
     band = 10 if case == "the top rank" else 5
     for _ in range(3):  # each alone in the engine once the one before started
         (await s.acquire(ticket(priority=band, prompt=2000))).started()
-    assert s.dispatcher.spacing == {}
+    assert s.dispatcher.shield.spacing == {}
 
 
 @pytest.mark.parametrize(
@@ -227,7 +227,7 @@ async def test_a_protected_request_takes_back_a_big_prompt_still_waiting_in_a_bu
     high = await s.acquire(ticket(priority=10, prompt=100))
     assert taken == [1] and s.preempted == 1 and big.ticket.preempted
     assert _pending(s) == 100  # only the band-10 prompt waits for its batch now
-    assert s.dispatcher.spacing == {"http://b0": {}}  # it never ran: no spacing after it
+    assert s.dispatcher.shield.spacing == {"http://b0": {}}  # it never ran: no spacing after it
     big.release(Usage(0, 0), "revoked")  # what the pipeline does, then it queues it again
     again = await spawn(s, big.ticket, requeued=True)
     assert not again.done()  # the shield: it would ride in the band-10 prompt's batch
@@ -274,7 +274,7 @@ async def test_a_request_queued_again_is_neither_shed_nor_refused_nor_displaced(
         budgets={"shield": {"tokens": None}},
         queue=queue,
     )
-    s = PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
+    s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
     holder = await s.acquire(ticket(priority=5, prompt=100))
     clock.now = 1002.0  # long past the deadline of a request that arrived at 1000
     late = ticket(priority=0, prompt=100)

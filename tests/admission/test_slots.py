@@ -9,10 +9,9 @@ from gateway.admission.dispatch import Dispatcher
 from gateway.admission.fairness import VirtualTokenCounters
 from gateway.admission.queue import SLOQueue
 from gateway.admission.scheduler import PoolScheduler
-from gateway.admission.settings import PoolBudgets
 from gateway.admission.slots import Holdings, SlotRule, SlotTurnover, slot_margin, slot_miss
 from gateway.backends.state import BackendState
-from tests.admission.helpers import FakeClock, backends, entry, policy, settle, spawn, ticket
+from tests.admission.helpers import FakeClock, backends, decision, entry, policy, settle, spawn, ticket
 
 BANDS = SlotRule(top_band=10, band_fraction=0.15)
 
@@ -82,17 +81,18 @@ def test_a_tenant_at_its_weighted_share_leaves_headroom_for_the_others() -> None
 
 def test_a_tenant_held_back_by_its_share_is_skipped_not_blocking_the_others() -> None:
     pool, d = backends(1), Dispatcher()
-    d.rule = SlotRule(tenant_fraction=0.1, present={5: {"heavy": 1.0, "light": 1.0}})
-    d.open_round(0.0)
+    rule = SlotRule(tenant_fraction=0.1, present={5: {"heavy": 1.0, "light": 1.0}})
+    ctx = decision(rule=rule, limit=10)
+    d.rounds.open(0.0)
     for tenant in ("heavy",) * 5 + ("light",) * 4:
-        d.commit(ticket(tenant=tenant, prompt=1), pool[0])
+        d.commit(ticket(tenant=tenant, prompt=1), pool[0], ctx)
     q = SLOQueue(VirtualTokenCounters())
     first, second = entry(ticket(tenant="heavy", prompt=1)), entry(ticket(tenant="light", prompt=1))
     q.push(first)
     q.push(second)
     assert list(q.ordered()) == [first, second]
-    assert d.place(q.ordered(), pool, PoolBudgets(), {"http://b0": 10}) == (second, pool[0])
-    assert d.blocked_by(first, pool, PoolBudgets(), {"http://b0": 10}) == {"http://b0": "tenant_share"}
+    assert d.place(q.ordered(), pool, ctx) == (second, pool[0])
+    assert d.blocked_by(first, pool, ctx) == {"http://b0": "tenant_share"}
 
 
 def test_turnover_is_the_mean_gap_between_recent_releases() -> None:
@@ -106,36 +106,35 @@ def test_turnover_is_the_mean_gap_between_recent_releases() -> None:
 
 def test_slot_wait_is_zero_with_room_for_those_ahead_else_lacking_releases_at_the_pool_rate() -> None:
     pool, d = backends(2), Dispatcher()
-    d.rule = BANDS
-    limits = {"http://b0": 4, "http://b1": 4}
+    ctx = decision(rule=BANDS, limit=4)
     for b in pool:
         _hold(d.holdings, b, 3, priority=0)  # each at the low bands' ceiling 4 − 1
     low, high = entry(ticket(priority=0)), entry(ticket(priority=10))
-    assert d.slot_wait(high, pool, PoolBudgets(), limits, 10.0, 30.0) == 0.0  # one free slot per backend
-    assert d.slot_wait(high, pool, PoolBudgets(), limits, 10.0, 30.0, ahead=1) == 0.0
-    assert d.slot_wait(high, pool, PoolBudgets(), limits, 10.0, 30.0, ahead=2) is None  # lacks one: no rate
-    assert d.slot_wait(low, pool, PoolBudgets(), limits, 10.0, 30.0) is None  # no releases seen yet
+    assert d.slot_wait(high, pool, ctx, 10.0, 30.0) == 0.0  # one free slot per backend
+    assert d.slot_wait(high, pool, ctx, 10.0, 30.0, ahead=1) == 0.0
+    assert d.slot_wait(high, pool, ctx, 10.0, 30.0, ahead=2) is None  # lacks one: no rate
+    assert d.slot_wait(low, pool, ctx, 10.0, 30.0) is None  # no releases seen yet
     for at in (8.0, 9.0):
         d.turnover.setdefault("http://b0", SlotTurnover()).released(at)
     for at in (9.0, 9.5):
         d.turnover.setdefault("http://b1", SlotTurnover()).released(at)
     # b0 frees a slot per second, b1 two: the pool three per second
-    assert d.slot_wait(low, pool, PoolBudgets(), limits, 10.0, 30.0) == 1 / 3
-    assert d.slot_wait(low, pool, PoolBudgets(), limits, 10.0, 30.0, ahead=5) == 2.0
-    assert d.slot_wait(high, pool, PoolBudgets(), limits, 10.0, 30.0, ahead=3) == 2 / 3  # 2 free, 2 lacking
+    assert d.slot_wait(low, pool, ctx, 10.0, 30.0) == 1 / 3
+    assert d.slot_wait(low, pool, ctx, 10.0, 30.0, ahead=5) == 2.0
+    assert d.slot_wait(high, pool, ctx, 10.0, 30.0, ahead=3) == 2 / 3  # 2 free, 2 lacking
     pool[1].max_total_tokens, pool[1].used_tokens = 100, 100  # b1's KV is full: only b0 predicts
-    assert d.slot_wait(low, pool, PoolBudgets(), limits, 10.0, 30.0) == 1.0
+    assert d.slot_wait(low, pool, ctx, 10.0, 30.0) == 1.0
 
 
 def test_dispatcher_release_undoes_commit_and_times_the_slot() -> None:
     b, d = backends(1)[0], Dispatcher()
     t = ticket(tenant="a", priority=0, prompt=10)
-    d.commit(t, b)
+    d.commit(t, b, decision())
     assert d.holdings.below(b.url, 10) == 1 and d.holdings.of_tenant(b.url, 0, "a") == 1
     assert d.holdings.tenants() == {(0, "a")}
     d.release(t, b, 5.0)
     assert (b.active, d.holdings.below(b.url, math.inf), d.holdings.tenants()) == (0, 0, set())
-    d.commit(t, b)
+    d.commit(t, b, decision())
     d.release(t, b, 7.0)
     assert d.turnover[b.url].gap(7.0, 30.0) == 2.0
 
@@ -150,7 +149,7 @@ def _ten_slots(reserve_hold_s: float | None, clock: FakeClock) -> PoolScheduler:
             "priorities": {"reserve_hold_s": reserve_hold_s},
         },
     )
-    return PoolScheduler("interactive", backends(1), lambda: pol, clock=clock)
+    return PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
 
 
 async def test_scheduler_keeps_headroom_for_the_top_band_and_for_a_light_tenant_of_the_same_band() -> None:

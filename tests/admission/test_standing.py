@@ -1,4 +1,4 @@
-"""Tenant standing (Dispatcher.under_share), engine priorities and prefill metered per engine priority —
+"""Tenant standing (standing.py), engine priorities and prefill metered per engine priority —
 exact, on fake clocks."""
 
 from __future__ import annotations
@@ -8,25 +8,35 @@ import math
 
 import pytest
 
+from gateway.admission.decision import Decision
 from gateway.admission.dispatch import Dispatcher
-from gateway.admission.fairness import RecentService, VirtualTokenCounters
+from gateway.admission.fairness import VirtualTokenCounters
 from gateway.admission.queue import SLOQueue
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import PoolBudgets
 from gateway.admission.slots import SlotRule
+from gateway.admission.standing import RecentService
 from gateway.ticket import Usage
-from tests.admission.helpers import FakeClock, backends, entry, policy, settle, ticket
+from tests.admission.helpers import FakeClock, backends, decision, entry, policy, settle, ticket
 
 METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_fraction=1.0)
 TWO = {5: {"light": 1.0, "heavy": 1.0}}  # both tenants waiting or running at band 5, equal weights
 
 
-def _dispatcher(*, slots: int = 8, present: dict[int, dict[str, float]] | None = None) -> Dispatcher:
-    d = Dispatcher()
-    d.engine_priorities = True
-    d.pool_slots = slots
-    d.rule = SlotRule(tenant_fraction=0.1, present=TWO if present is None else present)
-    return d
+def _under(r: RecentService, tenant: str, present: dict[str, float]) -> bool:
+    """Is `tenant` below the weighted average recent service of `present` (at 0 s, 60 s window)?"""
+    return r.below(tenant, r.totals(present, 0.0, 60.0), 0.0, 60.0)
+
+
+def _dispatcher() -> Dispatcher:
+    return Dispatcher(engine_priorities=True)
+
+
+def _ctx(
+    *, slots: int = 8, present: dict[int, dict[str, float]] | None = None, budgets: PoolBudgets | None = None
+) -> Decision:
+    rule = SlotRule(tenant_fraction=0.1, present=TWO if present is None else present)
+    return decision(budgets, rule=rule, pool_slots=slots)
 
 
 def test_recent_service_decays_and_dates_corrections_at_the_dispatch() -> None:
@@ -48,72 +58,74 @@ def test_under_share_compares_with_the_weighted_average_of_the_present_tenants()
     r.charge("light", 100.0, now=0.0, window_s=60.0)
     r.charge("heavy", 300.0, now=0.0, window_s=60.0)
     equal = {"light": 1.0, "heavy": 1.0}
-    assert r.under_share("light", equal, 0.0, 60.0) and not r.under_share("heavy", equal, 0.0, 60.0)
+    assert _under(r, "light", equal) and not _under(r, "heavy", equal)
     # heavy weighs 3: its 300 is normalised service it is entitled to — both stand equal, nobody is under
     r2 = RecentService()
     r2.charge("light", 100.0, now=0.0, window_s=60.0)
     r2.charge("heavy", 100.0, now=0.0, window_s=60.0)  # charges arrive already divided by the weight
-    assert not r2.under_share("light", equal, 0.0, 60.0) and not r2.under_share("heavy", equal, 0.0, 60.0)
-    assert not r.under_share("light", {"light": 1.0}, 0.0, 60.0)  # alone: nobody to be under
+    assert not _under(r2, "light", equal) and not _under(r2, "heavy", equal)
+    assert not _under(r, "light", {"light": 1.0})  # alone: nobody to be under
 
 
 def test_under_share_needs_fewer_slots_and_less_recent_service_than_the_share() -> None:
-    d = _dispatcher(slots=8)  # each tenant's share: 4 slots
+    d, ctx = _dispatcher(), _ctx(slots=8)  # each tenant's share: 4 slots
     b = backends(1)[0]
-    d.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
-    d.recent.charge("light", 1000.0, now=0.0, window_s=60.0)
-    assert d.under_share(5, "light") and not d.under_share(5, "heavy")
+    d.standing.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    d.standing.recent.charge("light", 1000.0, now=0.0, window_s=60.0)
+    assert d.standing.under_share(5, "light", ctx) and not d.standing.under_share(5, "heavy", ctx)
     for _ in range(4):
         d.holdings.add(b.url, ticket(tenant="light"))
-    assert not d.under_share(5, "light")  # at its slot share, however little it was served
+    assert not d.standing.under_share(5, "light", ctx)  # at its slot share, however little it was served
     d.holdings.remove(b.url, ticket(tenant="light"))
-    assert d.under_share(5, "light")
-    d.rule = SlotRule(tenant_fraction=0.0, present=TWO)
-    assert not d.under_share(5, "light")  # no tenant headroom configured: no standing either
+    assert d.standing.under_share(5, "light", ctx)
+    ctx = decision(rule=SlotRule(tenant_fraction=0.0, present=TWO), pool_slots=8)
+    assert not d.standing.under_share(5, "light", ctx)  # no tenant headroom configured: no standing either
 
 
 def test_a_late_arrival_under_its_share_joins_a_grouped_round_once_over_share_waits() -> None:
     """A grouped round holds late arrivals of its band for the next round; a tenant under its share
     ranks above the band (it goes first in the queue too), so its late arrival joins at once — and raises
     the bar, so a second one waits like anyone."""
-    d = _dispatcher()
-    d.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
-    d.open_round(10.0, grouped=True, top_band=5)
+    d, ctx = _dispatcher(), _ctx()
+    d.standing.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    d.rounds.open(10.0, grouped=True, top_band=5)
     late_heavy, late_light = (entry(ticket(tenant=t, priority=5), now=10.01) for t in ("heavy", "light"))
-    assert d.rank(late_light.ticket) == 5.5 and d.rank(late_heavy.ticket) == 5
-    assert d.joins_round(late_light) and not d.joins_round(late_heavy)
-    d.commit(late_light.ticket, backends(1)[0])
-    assert d.round_bar == 5.5
-    assert not d.joins_round(entry(ticket(tenant="light", priority=5), now=10.02))
-    assert d.joins_round(entry(ticket(tenant="heavy", priority=10), now=10.02))  # a higher band still does
+    assert d.standing.rank(late_light.ticket, ctx) == 5.5 and d.standing.rank(late_heavy.ticket, ctx) == 5
+    assert d.joins_round(late_light, ctx) and not d.joins_round(late_heavy, ctx)
+    d.commit(late_light.ticket, backends(1)[0], ctx)
+    assert d.rounds.bar == 5.5
+    assert not d.joins_round(entry(ticket(tenant="light", priority=5), now=10.02), ctx)
+    assert d.joins_round(
+        entry(ticket(tenant="heavy", priority=10), now=10.02), ctx
+    )  # a higher band still does
 
 
 def test_engine_priority_is_twice_the_band_plus_one_under_share_and_zero_when_engines_ignore_it() -> None:
-    d = _dispatcher()
-    d.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
-    assert d.engine_priority(ticket(tenant="light", priority=5)) == 11
-    assert d.engine_priority(ticket(tenant="heavy", priority=5)) == 10
-    assert d.engine_priority(ticket(tenant="heavy", priority=0)) == 0
-    d.engine_priorities = False
-    assert d.engine_priority(ticket(tenant="light", priority=5)) == 0
+    d, ctx = _dispatcher(), _ctx()
+    d.standing.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    assert d.standing.engine_priority(ticket(tenant="light", priority=5), ctx) == 11
+    assert d.standing.engine_priority(ticket(tenant="heavy", priority=5), ctx) == 10
+    assert d.standing.engine_priority(ticket(tenant="heavy", priority=0), ctx) == 0
+    d.standing.engine_priorities = False
+    assert d.standing.engine_priority(ticket(tenant="light", priority=5), ctx) == 0
 
 
 def test_prefill_is_metered_per_engine_priority_and_carried_from_the_top_down() -> None:
-    d = _dispatcher()
+    d, ctx = _dispatcher(), _ctx(budgets=METERED)
     b = backends(1)[0]
-    d.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
-    d.open_round(0.0, budgets=METERED)
-    assert d.commit(ticket(tenant="heavy", prompt=2500), b) == 10  # alone into the empty round
+    d.standing.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    d.rounds.open(0.0, budgets=METERED)
+    assert d.commit(ticket(tenant="heavy", prompt=2500), b, ctx) == 10  # alone into the empty round
     # the heavy tenant's 2500 tokens run after a light request in the engine: they do not meter it
-    assert d.shared_budget_miss(ticket(tenant="heavy", prompt=1), b, METERED, limit=8) == "round_prefill"
-    assert d.shared_budget_miss(ticket(tenant="light", prompt=1000), b, METERED, limit=8) is None
-    assert d.commit(ticket(tenant="light", prompt=600), b) == 11
-    assert d.shared_budget_miss(ticket(tenant="light", prompt=401), b, METERED, limit=8) == "round_prefill"
-    assert d.released(b.url) == 3100 and d.released(b.url, 11) == 600
-    d.open_round(0.1, budgets=METERED)  # one round paid 1000: the 600 at 11 first, then 400 of the 2500
-    assert d.round_prefill == {b.url: {10: 2100}}
-    d.open_round(0.3, budgets=METERED)
-    assert d.round_prefill == {b.url: {10: 100}}
+    assert d.shared_budget_miss(ticket(tenant="heavy", prompt=1), b, ctx) == "round_prefill"
+    assert d.shared_budget_miss(ticket(tenant="light", prompt=1000), b, ctx) is None
+    assert d.commit(ticket(tenant="light", prompt=600), b, ctx) == 11
+    assert d.shared_budget_miss(ticket(tenant="light", prompt=401), b, ctx) == "round_prefill"
+    assert d.rounds.released(b.url) == 3100 and d.rounds.released(b.url, 11) == 600
+    d.rounds.open(0.1, budgets=METERED)  # one round paid 1000: the 600 at 11 first, then 400 of the 2500
+    assert d.rounds.prefill == {b.url: {10: 2100}}
+    d.rounds.open(0.3, budgets=METERED)
+    assert d.rounds.prefill == {b.url: {10: 100}}
 
 
 def test_queue_serves_a_tenant_under_its_share_before_a_lower_counter() -> None:
@@ -141,7 +153,7 @@ async def test_a_light_tenant_overtakes_a_heavy_backlog_and_gets_the_higher_engi
         controller={"algorithm": "fixed", "initial": 4, "min": 4, "max": 4},
         queue={"classes": {"interactive": {"shed_by_deadline": False}}},
     )
-    s = PoolScheduler("interactive", backends(1), lambda: pol, clock=clock, engine_priorities=True)
+    s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock, engine_priorities=True)
     heavy = [asyncio.create_task(s.acquire(ticket(tenant="heavy", prompt=100, output=100))) for _ in range(8)]
     await settle()
     running = [t.result() for t in heavy if t.done()]
@@ -163,13 +175,15 @@ async def test_a_light_tenant_overtakes_a_heavy_backlog_and_gets_the_higher_engi
 def test_under_share_sees_a_charge_made_at_the_same_instant_and_a_new_rule() -> None:
     """The present tenants' totals are kept between questions (one sum per band, not per tenant): a
     dispatch's charge at the same clock reading and a rebuilt rule must both invalidate them."""
-    d = _dispatcher(slots=8)
-    d.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
-    assert d.under_share(5, "light") and not d.under_share(5, "heavy")
-    d.recent.charge("light", 9000.0, now=0.0, window_s=60.0)  # same `now`: only the charge changed
-    assert not d.under_share(5, "light") and d.under_share(5, "heavy")
-    d.rule = SlotRule(tenant_fraction=0.1, present={5: {"light": 1.0, "heavy": 1.0, "idle": 1.0}})
+    d, ctx = _dispatcher(), _ctx(slots=8)
+    d.standing.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    assert d.standing.under_share(5, "light", ctx) and not d.standing.under_share(5, "heavy", ctx)
+    d.standing.recent.charge("light", 9000.0, now=0.0, window_s=60.0)  # same `now`: only the charge changed
+    assert not d.standing.under_share(5, "light", ctx) and d.standing.under_share(5, "heavy", ctx)
+    ctx = _ctx(present={5: {"light": 1.0, "heavy": 1.0, "idle": 1.0}})
     # a third tenant present with no service lowers the average to (9000 + 5000 + 0) / 3: heavy is no
     # longer under it (the old totals, 7000, would still say it is), the idle one is
-    assert not d.under_share(5, "heavy") and d.under_share(5, "idle")
-    assert d.under_share(5, "newcomer")  # absent from the rule: counted with its own weight and no service
+    assert not d.standing.under_share(5, "heavy", ctx) and d.standing.under_share(5, "idle", ctx)
+    assert d.standing.under_share(
+        5, "newcomer", ctx
+    )  # absent from the rule: counted with its own weight and no service

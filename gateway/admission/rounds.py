@@ -1,0 +1,145 @@
+"""Dispatch rounds and prefill metering: how many prompt tokens a pool may send a backend, and when.
+
+A round is the period (`budgets.round_s`) over which a backend's prefill budget
+(`prefill_tokens_per_round`) is metered: prompt tokens released to it in the current round + the request's
+prompt ≤ the budget, except that a request larger than the whole budget may go alone into an empty round.
+The budget is metered per engine priority: a request counts only the prefill released at its engine
+priority and above (standing.py), the part the engine runs before it.
+
+Adaptive metering (`prefill_rate_fraction`): a round's budget per backend is
+min(prefill_tokens_per_round, fraction × the measured prefill rate × round_s) — the engine's own pace, so
+the gateway's order rather than the engine's FIFO decides whose prefill runs next; what a round released
+beyond its budget is carried into the next rounds (less one budget per round elapsed), so the budget
+meters the engine's rate even for prompts larger than one round's budget.
+
+A grouped round (opened under load, see window.py) releases only what was waiting when it opened, so
+each round is one bounded group of prefills — except that a later arrival ranked strictly above
+everything the round opened for or released (`bar`) joins at once, and raises the bar.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gateway.admission.settings import PoolBudgets
+
+
+def metered_tokens(budgets: PoolBudgets, rate: float) -> int | None:
+    """The round's prefill budget at the measured per-backend `rate` (tokens/s) under adaptive metering,
+    at least one token; None when the configured budget holds (metering off, or the rate allows it)."""
+    fraction = budgets.prefill_rate_fraction
+    if fraction is None:
+        return None
+    metered = int(fraction * rate * budgets.round_s)
+    return None if metered >= budgets.prefill_tokens_per_round else max(1, metered)
+
+
+class Metering:
+    """The pool's budgets with the metered round budget, copied once per change: a pydantic copy per
+    decision was a tenth of the admission path's CPU."""
+
+    def __init__(self) -> None:
+        self._copy: tuple[PoolBudgets, int, PoolBudgets] | None = None  # (budgets, tokens, their copy)
+
+    def budgets(self, budgets: PoolBudgets, rate: float, *, keep: bool = True) -> PoolBudgets:
+        """`budgets` with the round's budget metered at `rate`; `keep=False` for reads (/admin/state)
+        leaves the held copy as it is."""
+        tokens = metered_tokens(budgets, rate)
+        if tokens is None:
+            return budgets
+        held = self._copy
+        if held is not None and held[0] is budgets and held[1] == tokens:
+            return held[2]
+        copy = budgets.model_copy(update={"prefill_tokens_per_round": tokens})
+        if keep:
+            self._copy = (budgets, tokens, copy)
+        return copy
+
+
+class Rounds:
+    """The current round of one pool: when it opened, whether it is grouped, its bar, and the prefill it
+    released per backend and engine priority (and per band, for the window's load)."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.grouped = False
+        self.bar = -math.inf  # highest rank (standing.py) the round opened for or released
+        self.prefill: dict[str, dict[int, int]] = {}  # backend → engine priority → tokens
+        self.dispatched: dict[int, int] = {}  # band → dispatches this round
+        self.band_prefill: dict[int, int] = {}  # band → prefill tokens released this round
+
+    def is_open(self, now: float, budgets: PoolBudgets) -> bool:
+        return self.started is not None and now < self.started + budgets.round_s
+
+    def ends(self, budgets: PoolBudgets) -> float | None:
+        return None if self.started is None else self.started + budgets.round_s
+
+    def late(self, enqueued_at: float) -> bool:
+        """Did a request queued at `enqueued_at` come after a grouped round opened (it joins only above
+        the bar)?"""
+        return self.grouped and self.started is not None and enqueued_at > self.started
+
+    def recent_prefill(self, now: float, budgets: PoolBudgets, min_band: float = -math.inf) -> int:
+        """Prefill tokens released at bands ≥ `min_band` by the current or just-ended round (0 after an
+        idle gap of a round): the prefill demand of that priority and above. Tokens, not requests: many
+        tiny dispatches are no load."""
+        if self.started is None or now >= self.started + 2 * budgets.round_s:
+            return 0
+        return sum(n for band, n in self.band_prefill.items() if band >= min_band)
+
+    def open(
+        self,
+        now: float,
+        *,
+        grouped: bool = False,
+        top_band: float = -math.inf,
+        budgets: PoolBudgets | None = None,
+    ) -> None:
+        """Start a round (grouped: under load; `top_band`: the top waiting band, the round's first bar).
+        With `budgets`, a backend's prefill released beyond what the rounds since the last one opened
+        allowed is carried in as already released."""
+        self.prefill = self._carry(now, budgets) if budgets is not None else {}
+        self.started = now
+        self.grouped = grouped
+        self.bar = top_band
+        self.dispatched = {}
+        self.band_prefill = {}
+
+    def _carry(self, now: float, budgets: PoolBudgets) -> dict[str, dict[int, int]]:
+        """Per backend and engine priority, the prefill the last round released that the time since it
+        opened (one budget per `round_s`) has not paid off: a 4000-token prompt under a 1000-token budget
+        spends 4 rounds. The engine works from its highest priority down, so that is what is paid first.
+        Only under adaptive metering, where a budget is the engine's measured pace and the carry is the
+        time the engine needs for what it was sent; a fixed budget is a burst size (big prompts go alone)."""
+        if self.started is None or budgets.prefill_rate_fraction is None:
+            return {}
+        paid = budgets.prefill_tokens_per_round * (now - self.started) / budgets.round_s
+        paid = round(paid, 6)  # clock arithmetic (1000.1 - 1000.0) must not shift a whole token
+        carried: dict[str, dict[int, int]] = {}
+        for url, levels in self.prefill.items():
+            left = paid
+            for prio in sorted(levels, reverse=True):
+                if levels[prio] > left:
+                    carried.setdefault(url, {})[prio] = math.ceil(levels[prio] - left)
+                left = max(0.0, left - levels[prio])
+        return carried
+
+    def released(self, url: str, min_priority: float = -math.inf) -> int:
+        """Prefill tokens the round released (or carried) to `url` at engine priority ≥ `min_priority`."""
+        return sum(n for prio, n in self.prefill.get(url, {}).items() if prio >= min_priority)
+
+    def over_budget(self, url: str, engine_priority: int, prompt_tokens: int, budgets: PoolBudgets) -> bool:
+        """Would `prompt_tokens` at `engine_priority` exceed the round's budget on `url` (never alone)?"""
+        released = self.released(url, engine_priority)
+        return bool(released) and released + prompt_tokens > budgets.prefill_tokens_per_round
+
+    def spend(self, url: str, engine_priority: int, prompt_tokens: int) -> None:
+        """A dispatch to `url` (also a loan: it spends the lender's budget)."""
+        levels = self.prefill.setdefault(url, {})
+        levels[engine_priority] = levels.get(engine_priority, 0) + prompt_tokens
+
+    def count(self, band: int, rank: float, prompt_tokens: int) -> None:
+        """One of the pool's own dispatches: it raises the bar and counts as the band's load."""
+        self.dispatched[band] = self.dispatched.get(band, 0) + 1
+        self.band_prefill[band] = self.band_prefill.get(band, 0) + prompt_tokens
+        self.bar = max(self.bar, rank)

@@ -1,0 +1,168 @@
+"""The prefill shield family: the shield, duty spacing and preemption (`budgets.shield`).
+
+An engine forms each prefill batch from the top of its waiting queue down, as far as its token budget
+goes, so a light tenant's 100-token prompt that overtakes the heavy tenant's queued prompts still waits
+for them: they run in its batch. Ranks are standing.py's (band, plus a half under the tenant's share).
+
+- Shield: while a higher-ranked request was dispatched in the pool within `hold_s`, a lower-ranked one
+  goes to a backend only if the lower-ranked prompts there whose prefill has not started (`pending`: a
+  stream until its first byte, a whole request for its predicted prefill time) stay within `tokens` with
+  it, or none wait.
+- Duty spacing: what remains is the step already in flight, which no engine preempts; so a lower-ranked
+  prompt too big for the shield (it goes alone) is spaced — after one goes to a backend, the next waits
+  there for the first one's predicted prefill divided by `duty`. That bounds how often a higher-ranked
+  arrival meets such a step in flight, and how long the higher-ranked streams decoding there stall.
+- Preemption (`revoke_s`, off by default): the protected request takes back the lower-ranked prompts
+  sent to its backend within `revoke_s` that would ride in its batch beyond `tokens`; they queue again.
+The traffic the shield protects (the top rank seen within `hold_s`, with a lower rank seen too) goes to
+the backend where the fewest prompt tokens wait for their prefill (dispatch.py). Loans are neither spaced
+nor space the lender's own prompts: they run only below the lender's `max_load` and are given back as
+soon as its own requests wait (decision 0105).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from gateway.admission.settings import ShieldPolicy
+from gateway.ticket import Ticket
+
+SHIELD_MISSES = frozenset({"prefill_shield", "shield_duty"})
+"""The placement refusals a first byte or a predicted prefill end may lift."""
+
+
+class Pending(NamedTuple):
+    """A prompt sent to a backend whose prefill has not started (as far as the gateway can tell)."""
+
+    ticket: Ticket
+    rank: float
+    tokens: int
+    due: float  # a whole request's predicted prefill end; inf for a stream (until its first byte)
+    revocable_until: float  # still in the engine's waiting queue until then (`preempt`)
+
+
+class Shield:
+    """The prompts not yet started per backend, the ranks recently dispatched, and the spaced turns."""
+
+    def __init__(self) -> None:
+        # url → id(ticket) (client request ids may repeat) → its prompt not started there
+        self.pending: dict[str, dict[int, Pending]] = {}
+        self.rank_seen: dict[float, float] = {}  # rank → when our own request of that rank last went
+        # url → id(ticket) → when the next big lower-ranked prompt may go there after it (`spaced`)
+        self.spacing: dict[str, dict[int, float]] = {}
+        self.held = False  # a placement was refused by the shield since `rearm` (a first byte may free it)
+
+    def rearm(self) -> None:
+        """A new dispatch pass begins: forget that the last one was held by the shield."""
+        self.held = False
+
+    def shielded(self, tokens: int, rank: float, url: str, shield: ShieldPolicy, now: float) -> bool:
+        """Would a prompt of `tokens` at `rank` load the prefill batch of a higher-ranked request: the
+        shield is up (a higher rank went within `hold_s`), the lower-ranked prompts not yet started on
+        `url` plus its own exceed `shield.tokens`, and it would not be alone there (higher-ranked prompts
+        waiting for their batch count too: it would join theirs)?"""
+        if shield.tokens is None:
+            return False
+        top = self._top_rank(shield, now)
+        if rank >= top:
+            return False
+        riders = self.unstarted(url, now, below=top) + tokens
+        return riders > shield.tokens and self.unstarted(url, now) > 0
+
+    def spaced(self, tokens: int, rank: float, url: str, shield: ShieldPolicy, now: float) -> bool:
+        """Is this a lower-ranked prompt too big for the shield whose spaced turn on `url` has not come
+        (`shield.duty`: the last such prompt sent there, predicted prefill / duty ago)?"""
+        spacing = self.spacing.get(url, {}).values()  # mostly empty: no scan of the ranks then
+        return any(until > now for until in spacing) and self._lone(tokens, rank, shield, now)
+
+    def _lone(self, tokens: int, rank: float, shield: ShieldPolicy, now: float) -> bool:
+        """Is a prompt of `tokens` at `rank` spaced by `shield.duty`: below the top rank seen within
+        `hold_s`, above `shield.tokens` (one that goes alone)?"""
+        if shield.duty is None or shield.tokens is None or tokens <= shield.tokens:
+            return False
+        return rank < self._top_rank(shield, now)
+
+    def _recent_ranks(self, shield: ShieldPolicy, now: float) -> list[float]:
+        """The ranks our own requests were dispatched at within `shield.hold_s`."""
+        return [r for r, at in self.rank_seen.items() if now - at <= shield.hold_s]
+
+    def _top_rank(self, shield: ShieldPolicy, now: float) -> float:
+        """The highest rank dispatched within `shield.hold_s` (-inf: none)."""
+        return max(self._recent_ranks(shield, now), default=-math.inf)
+
+    def on_top(self, rank: float, shield: ShieldPolicy, now: float) -> bool:
+        """Is `rank` the traffic the shield protects: at or above the top rank seen within hold_s, with a
+        lower rank seen too?"""
+        recent = self._recent_ranks(shield, now)
+        return any(r < rank for r in recent) and rank >= max(recent)
+
+    def unstarted(self, url: str, now: float, below: float = math.inf) -> int:
+        """Prompt tokens sent to `url` at a rank below `below` whose prefill has not started by `now`."""
+        return sum(p.tokens for p in self.pending.get(url, {}).values() if p.rank < below and p.due > now)
+
+    def started(self, url: str, ticket: Ticket) -> None:
+        """`ticket`'s prefill on `url` is done (its first byte came): it no longer rides in a new batch."""
+        self.pending.get(url, {}).pop(id(ticket), None)
+
+    def next_due(self, now: float) -> float:
+        """When the next whole request's predicted prefill ends or a big lower-ranked prompt's spaced
+        turn comes (a shield may fall then); inf: none."""
+        dues = [p.due for waiting in self.pending.values() for p in waiting.values()]
+        dues += [until for spaced in self.spacing.values() for until in spaced.values()]
+        return min((t for t in dues if t > now), default=math.inf)
+
+    def preempt(self, rank: float, url: str, shield: ShieldPolicy, now: float) -> list[Ticket]:
+        """The lower-ranked prompts to take back from `url` before a request of `rank` (the traffic the
+        shield protects) goes there, biggest first, until those left waiting there fit `shield.tokens`:
+        the engine would run them in its prefill batch. Only prompts sent within `shield.revoke_s` to a
+        busy engine qualify: those still wait for the engine's current step (a decode step, tens of ms)
+        to end, so the engine drops them at no cost (SGLang's abort of a queued request); an older one
+        may be in its prefill step, which an abort would waste without speeding the request up. A prompt
+        is taken back once at most; they leave `pending` (and the spacing: they never ran) at once."""
+        if shield.tokens is None or shield.revoke_s is None or not self.on_top(rank, shield, now):
+            return []
+        waiting = self.pending.get(url, {})
+        movable = [p for p in waiting.values() if p.rank < rank and p.due > now]
+        left = sum(p.tokens for p in movable)  # what `unstarted(below=rank)` counts
+        victims: list[Ticket] = []
+        for p in sorted(movable, key=lambda p: -p.tokens):
+            if left <= shield.tokens:
+                break
+            if p.revocable_until > now and not p.ticket.preempted:
+                p.ticket.preempted = True
+                victims.append(p.ticket)
+                left -= p.tokens
+                del waiting[id(p.ticket)]
+                self.spacing.get(url, {}).pop(id(p.ticket), None)  # it never ran
+        return victims
+
+    def sent(
+        self,
+        ticket: Ticket,
+        rank: float,
+        url: str,
+        *,
+        busy: bool,
+        shield: ShieldPolicy | None,
+        prefill_rate: float,
+        now: float,
+        loan: bool,
+    ) -> None:
+        """A dispatch to `url` (`busy`: the backend had requests running). `shield`: it can be taken back
+        for `shield.preempt_s` if the backend is busy, and a big lower-ranked prompt of our own starts the
+        backend's spacing. A loan neither is spaced nor counts as our rank."""
+        tokens = ticket.cost.prompt_tokens
+        revoke_s = None if shield is None else shield.preempt_s
+        revocable_until = now + revoke_s if revoke_s is not None and busy else -math.inf
+        if shield is not None and not loan and self._lone(tokens, rank, shield, now):
+            assert shield.duty is not None  # _lone
+            spaced = self.spacing.setdefault(url, {})
+            for key in [key for key, until in spaced.items() if until <= now]:
+                del spaced[key]
+            spaced[id(ticket)] = now + tokens / prefill_rate / shield.duty
+        # a stream's prefill ends with its first byte (`started`); a whole request's only by prediction
+        due = math.inf if ticket.stream else now + tokens / prefill_rate
+        self.pending.setdefault(url, {})[id(ticket)] = Pending(ticket, rank, tokens, due, revocable_until)
+        if not loan:
+            self.rank_seen[rank] = now
