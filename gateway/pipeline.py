@@ -231,7 +231,7 @@ class CompletionEndpoint:
     ) -> tuple[OpenUpstream, Lease]:
         """Wait for a lease and open the upstream; before the first byte, retry on another backend. The
         body is shaped and serialised per attempt by the backend's kind (a backend that schedules by
-        priority gets the dispatch's engine priority, `Dispatcher.engine_priority`); a failure is judged
+        priority gets the dispatch's engine priority, `Standing.engine_priority`); a failure is judged
         by it too: whether another backend may serve, whether the circuit counts it, what the client gets."""
         exclude: set[str] = set()
         scheduler = self.gw.schedulers[pool.name]
@@ -299,7 +299,7 @@ class CompletionEndpoint:
                 if lease.loan:  # the lender's own requests wait for the backend: queue in our own pool
                     metrics.LOANS_REVOKED.labels(pool.name).inc()
                     log.info("request %s: loan of %s revoked; queued again", ticket.id, ticket.backend)
-                else:  # higher-ranked work would share its prefill batch (Dispatcher.preempt)
+                else:  # higher-ranked work would share its prefill batch (shield.py)
                     metrics.PREEMPTED.labels(pool.name).inc()
                     log.debug("request %s: preempted on %s; queued again", ticket.id, ticket.backend)
                 continue

@@ -6,7 +6,7 @@ exactly once, however many times the pipeline's error paths call `release`.
 
 A `revocable` lease can be taken back: a loan (an offline request on a lent interactive backend) when
 the lender's own requests wait for the slot, a prompt not yet started when higher-ranked work would
-share its prefill batch (`Dispatcher.preempt`). The scheduler calls `revoke()`; the pipeline, which
+share its prefill batch (shield.py). The scheduler calls `revoke()`; the pipeline, which
 `arm`s the lease with the cancel of its upstream call while nothing has reached the client, abandons
 that call (the engine aborts it) and queues the request again.
 """
@@ -46,7 +46,7 @@ class Lease:
         self.backend = backend
         self.charged = charged
         self.loan = loan  # the backend belongs to the lending pool (PoolScheduler.borrow_from)
-        self.engine_priority = engine_priority  # the request's `priority` field (Dispatcher.engine_priority)
+        self.engine_priority = engine_priority  # the request's `priority` field (standing.py)
         self.dispatched_at: float | None = None  # on the scheduler's clock
         self.released = False
         self.revoked = False

@@ -145,7 +145,7 @@ class LendPolicy(Frozen):
 
 
 class ShieldPolicy(Frozen):
-    """Keeping lower-ranked prompts out of a higher-ranked request's prefill batch (dispatch.py)."""
+    """Keeping lower-ranked prompts out of a higher-ranked request's prefill batch (shield.py)."""
 
     tokens: int | None = Field(
         default=512,

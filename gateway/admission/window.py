@@ -1,6 +1,6 @@
 """Adaptive batching window: when the next dispatch round of a pool may open.
 
-A round (dispatch.py) is the period over which the prefill budget is metered. When no round is open
+A round (rounds.py) is the period over which the prefill budget is metered. When no round is open
 and requests wait, the window decides how long to hold them so that, under load, one round releases a
 group instead of a trickle of single prefills. Load is prefill demand against the round's budget — not
 a request count, so a stream of tiny requests is no load and always goes at once:
