@@ -102,6 +102,29 @@ class StoreConfig(Frozen):
     redis_failure: Literal["open", "closed"] = "open"
 
 
+class CoordinationConfig(Frozen):
+    """Shared engine budgets between replicas on one Redis store (gateway/coordination/); used only with
+    `store.kind: redis`."""
+
+    lease_ttl_s: float = Field(
+        3.0,
+        gt=0,
+        description="A replica's share of a backend lives this long unless refreshed; a killed "
+        "replica's share returns within it.",
+    )
+    refresh_s: float = Field(0.25, gt=0, description="How often a replica refreshes its leases.")
+    replicas_hint: int = Field(
+        1, ge=1, description="Replicas assumed before the first answer from Redis (the fallback's N)."
+    )
+    redis_timeout_s: float = Field(0.5, gt=0, description="A lease refresh slower than this has failed.")
+
+    @model_validator(mode="after")
+    def _refresh_within_ttl(self) -> CoordinationConfig:
+        if self.refresh_s * 2 > self.lease_ttl_s:
+            raise ValueError("coordination.refresh_s must be at most half of lease_ttl_s")
+        return self
+
+
 class AuthConfig(Frozen):
     required: bool = Field(True, description="Require a tenant API key on /v1 routes.")
 
@@ -198,6 +221,7 @@ class GatewayConfig(Frozen):
     admin: AdminConfig = Field(default_factory=lambda: AdminConfig())
     auth: AuthConfig = Field(default_factory=lambda: AuthConfig())
     store: StoreConfig = Field(default_factory=lambda: StoreConfig())
+    coordination: CoordinationConfig = Field(default_factory=lambda: CoordinationConfig())
     limits: LimitsConfig = Field(default_factory=lambda: LimitsConfig())
     shutdown: ShutdownConfig = Field(default_factory=lambda: ShutdownConfig())
     pools: tuple[PoolConfig, ...]

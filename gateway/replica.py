@@ -20,6 +20,7 @@ from gateway.backends.circuit import CircuitState, Transition
 from gateway.backends.pool import Pool
 from gateway.backends.settings import CircuitPolicy
 from gateway.config import GatewayConfig
+from gateway.coordination.coordinator import Coordinator
 from gateway.drain import Drain
 from gateway.estimate.estimator import Estimator
 from gateway.livestate import LiveState
@@ -90,6 +91,11 @@ class Gateway:
         )
         self.finish = Finish(self.tenants, measure, clock)
         self.live = LiveState(self.policy, self.pools, self.schedulers, self.slo, measure, clock)
+        self.coordinator = (
+            Coordinator(store.redis_url, store.redis_prefix, config.coordination, self.schedulers)
+            if (store := config.store).kind == "redis" and store.redis_url
+            else None
+        )
 
     def _circuit_settings(self, pool: str) -> Callable[[], CircuitPolicy]:
         return lambda: self.policy.current.pool(pool).circuit
@@ -138,6 +144,8 @@ class Gateway:
         await self.tenants.start()
         for pool in self.pools.values():
             await pool.start()
+        if self.coordinator is not None:
+            await self.coordinator.refresh()  # the first leases before the first request
         try:
             async with self.alerts, anyio.create_task_group() as tg:
                 for pool in self.pools.values():
@@ -145,6 +153,8 @@ class Gateway:
                 for sched in self.schedulers.values():
                     tg.start_soon(sched.run)
                 tg.start_soon(self._gauges_loop)
+                if self.coordinator is not None:
+                    tg.start_soon(self.coordinator.run)
                 if self.config.watch_policy:
                     tg.start_soon(self.policy.watch_file)
                 tg.start_soon(self.policy.watch_sighup)

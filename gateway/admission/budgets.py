@@ -24,7 +24,7 @@ def kv_occupied(backend: BackendState) -> int:
     scraped = backend.used_tokens
     if scraped is None and backend.token_usage is not None and backend.max_total_tokens is not None:
         scraped = int(backend.token_usage * backend.max_total_tokens)
-    return max(scraped or 0, backend.reserved_kv_tokens)
+    return max(scraped or 0, backend.reserved_kv_tokens + backend.peer_kv_tokens)
 
 
 def kv_miss(ticket: Ticket, backend: BackendState, budgets: PoolBudgets) -> str | None:

@@ -27,6 +27,7 @@ from gateway.admission.limits import Limit, Sample, latency_ratio, make_limit
 from gateway.admission.queue import Entry, SLOQueue, effective_deadline
 from gateway.admission.rounds import Metering
 from gateway.admission.settings import AdmissionSettings, PoolBudgets
+from gateway.admission.shares import ReplicaShares, SharedBudgets
 from gateway.admission.shedding import PrefillRate, QueueGuard, SlotWait, displaced_error
 from gateway.admission.slots import SlotRule
 from gateway.admission.state import PoolView, pool_snapshot
@@ -75,6 +76,8 @@ class PoolScheduler:
         self._loans = Loans()  # another pool's requests on our backends, oldest first
         self._top_seen = -math.inf  # when a top-band request last arrived (the band reserve's hold)
         self.preempted = 0  # requests taken back from a backend for higher-ranked work (`_preempt`)
+        self.shares: ReplicaShares | None = None  # set when replicas share the engines (coordination)
+        self._shared_budgets = SharedBudgets()
         self._sync_limits(current)
 
     @property
@@ -206,7 +209,7 @@ class PoolScheduler:
         ticket, backend, entry = lease.ticket, lease.backend, lease.entry
         if lease.loan:
             self._loans.remove(lease)
-        in_flight = backend.active
+        in_flight = backend.active + backend.peer_active  # the engine's, when replicas share it
         self.dispatcher.release(ticket, backend, self.clock())
         prompt = (
             usage.prompt_tokens if usage is not None and usage.prompt_tokens else ticket.cost.prompt_tokens
@@ -267,6 +270,8 @@ class PoolScheduler:
             wake = min(wake, self._next_sweep)
             if self._loans:
                 self._reclaim(ctx)
+            if self.shares is not None:
+                self.shares.nudge()
         if wake < self._next_wake:
             self._wake.set()
         self._next_wake = wake
@@ -304,6 +309,9 @@ class PoolScheduler:
             preempted=self.preempted,
             prefill_load=self.pool_level(now, ctx.budgets),
             rejections=dict(self.rejections),
+            shared=None
+            if self.shares is None
+            else {b.url: self.shares.describe(b.url, self.limits[b.url].limit) for b in self.backends},
         )
         return pool_snapshot(view)
 
@@ -352,9 +360,14 @@ class PoolScheduler:
         its budgets copy)."""
         limits = {url: lim.limit for url, lim in self.limits.items()}
         rate = self.rate.at(now)
+        budgets = self.metering.budgets(settings.budgets.for_pool(self.pool), rate, keep=keep)
+        if self.shares is not None:  # replicas share the engines: dispatch within this one's share
+            fraction = self.shares.fraction([b.url for b in self.backends], limits)
+            budgets = self._shared_budgets.scaled(budgets, fraction, keep=keep)
+            limits = {url: self.shares.granted(url, limit) for url, limit in limits.items()}
         return Decision(
             now=now,
-            budgets=self.metering.budgets(settings.budgets.for_pool(self.pool), rate, keep=keep),
+            budgets=budgets,
             limits=limits,
             rule=self._slot_rule(settings, candidate, now),
             pool_slots=sum(limits[b.url] for b in self.backends if b.available),
@@ -455,6 +468,10 @@ class PoolScheduler:
                     current.policy = controller  # (compare by identity from now on: cheaper)
                 else:
                     current = self.limits[b.url] = make_limit(controller, current.limit)
+            if self.shares is not None and controller.algorithm != "fixed":
+                owned = self.shares.follows(b.url)  # another replica owns the engine's limit: follow it
+                if owned is not None and owned != current.limit:
+                    current = self.limits[b.url] = make_limit(controller, owned)
             b.concurrency_limit = current.limit
 
     def _borrow(self, now: float, ctx: Decision) -> tuple[Entry, BackendState, int] | None:

@@ -95,6 +95,10 @@ class Holdings:
         """Slots on `url` held by bands below `band`."""
         return sum(n for b, n in self._bands.get(url, {}).items() if b < band)
 
+    def by_band(self, url: str) -> Mapping[int, int]:
+        """Slots on `url` per band."""
+        return self._bands.get(url, {})
+
     def of_tenant(self, url: str, band: int, tenant: str) -> int:
         return self._tenants.get(url, Counter())[(band, tenant)]
 

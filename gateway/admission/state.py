@@ -38,6 +38,7 @@ class PoolView:
     preempted: int
     prefill_load: float
     rejections: Mapping[tuple[str, str], int]
+    shared: Mapping[str, dict[str, Any]] | None = None  # per backend URL, when replicas share the engines
 
 
 def pool_snapshot(v: PoolView) -> dict[str, Any]:
@@ -88,6 +89,7 @@ def pool_snapshot(v: PoolView) -> dict[str, Any]:
                 "pending_prefill_tokens": d.shield.unstarted(b.url, now),
                 "buckets": dict(b.bucket_active),
             }
+            | ({} if v.shared is None else {"shared": v.shared[b.url]})
             for b in v.backends
         ],
     }

@@ -26,6 +26,9 @@ class _Fields:
     outstanding_tokens: int = 0
     reserved_kv_tokens: int = 0
     bucket_active: dict[str, int] = field(default_factory=dict)
+    # what the other replicas hold on it, as of the last lease refresh (gateway/coordination/)
+    peer_active: int = 0
+    peer_kv_tokens: int = 0
     concurrency_limit: int = 64
     # scraped from the backend (its kind reads them: gateway/backends/kinds/); None until the first scrape
     max_total_tokens: int | None = None

@@ -45,6 +45,7 @@ QUEUE_BUCKETS = (
 
 
 MEMORY_PEAK = "sim:memory_peak_bytes"
+REQUESTS_PEAK = "sim:requests_peak"
 
 
 class SimMetrics:
@@ -76,6 +77,13 @@ class SimMetrics:
             MEMORY_PEAK,
             "Simulator only (SGLang exports no such gauge): peak GPU memory in use over the last wall "
             "second: context, weights, CUDA graphs, KV cells holding tokens, the step's activations.",
+            s,
+            registry=r,
+        )
+        self.requests_peak = Gauge(
+            REQUESTS_PEAK,
+            "Simulator only: the most requests the engine held at once (waiting or running) since start, "
+            "counted at each arrival: what all the clients together asked of it.",
             s,
             registry=r,
         )
@@ -149,8 +157,9 @@ class SimMetrics:
         self.aborted.labels(**self._tok).inc()
         self.on_finished(req)
 
-    def render(self, engine: Engine) -> bytes:
+    def render(self, engine: Engine, peak_requests: int = 0) -> bytes:
         s = self._sched
+        self.requests_peak.labels(**s).set(peak_requests)
         total = engine.config.max_total_tokens
         self.num_running_reqs.labels(**s).set(engine.num_running)
         self.num_queue_reqs.labels(**s).set(len(engine.waiting))

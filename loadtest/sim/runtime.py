@@ -62,6 +62,7 @@ class EngineRunner:
         self.clock = clock
         self.metrics = metrics
         self.handles: dict[str, Handle] = {}
+        self.peak_requests = 0  # most requests in the engine at once (waiting or running), since start
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -87,6 +88,8 @@ class EngineRunner:
         if evicted is not None:
             self._ended(evicted)
         handle = self.handles[req.rid] = Handle(req)
+        engine = self.engine
+        self.peak_requests = max(self.peak_requests, len(engine.waiting) + engine.num_running)
         self._wake.set()
         return handle
 

@@ -326,7 +326,8 @@ class SimBackend:
         return Response(status_code=200)
 
     async def prometheus(self, request: Request) -> Response:
-        return Response(self.metrics.render(self.engine), media_type=PROMETHEUS_MEDIA_TYPE)
+        peak = 0 if self.runner is None else self.runner.peak_requests
+        return Response(self.metrics.render(self.engine, peak), media_type=PROMETHEUS_MEDIA_TYPE)
 
     async def get_faults(self, request: Request) -> Response:
         return json_response(self.faults.config.model_dump())

@@ -1,0 +1,158 @@
+"""The replica's side of the shared budgets: heartbeat, lease refresh, limit ownership, clean leave.
+
+Every `refresh_s` (sooner when a scheduler nudges: requests wait), one pipelined round trip runs the
+allocator (scripts.ALLOCATE) once per backend with this replica's demand there — per band, the requests
+it runs on that backend plus those its pool queues — its active count, its reserved KV and its own
+adaptive limit. The answers become the leases `Shares` serves to the schedulers; the peers' active count
+and reserved KV go onto the backend's state (the limit's in-flight signal, the KV check). A replica that
+does not own a backend's limit follows the owner's value (PoolScheduler._sync_limits). A failed round trip
+puts `Shares` into its fallback; the first good one after it tells the allocator it is returning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+
+import anyio
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.admission.scheduler import PoolScheduler
+from gateway.config import CoordinationConfig
+from gateway.coordination.scripts import ALLOCATE, LEAVE
+from gateway.coordination.shares import Lease, Shares
+
+log = logging.getLogger("omnigate.coordination")
+OUTAGE_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+NUDGE_GAP_S = 0.05
+"""Least time between two refreshes that nudges asked for."""
+
+
+def replica_name() -> str:
+    """Host, process and a random suffix: readable in /admin/state, unique across restarts."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Coordinator:
+    def __init__(
+        self,
+        redis_url: str,
+        prefix: str,
+        config: CoordinationConfig,
+        schedulers: Mapping[str, PoolScheduler],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.schedulers = schedulers
+        self.clock = clock
+        self.prefix = prefix + "coord:"
+        self.shares = Shares(replica_name(), config.lease_ttl_s, config.replicas_hint, clock)
+        self.shares.on_want = self.nudge
+        timeout = config.redis_timeout_s
+        self.redis: aioredis.Redis = aioredis.Redis.from_url(
+            redis_url, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
+        self._allocate = self.redis.register_script(ALLOCATE)
+        self._leave = self.redis.register_script(LEAVE)
+        self._wake = anyio.Event()
+        self._last = -float("inf")
+        for sched in schedulers.values():
+            sched.shares = self.shares
+
+    def nudge(self) -> None:
+        self._wake.set()
+
+    def _key(self, url: str) -> str:
+        return f"{self.prefix}b:{url}"
+
+    async def refresh(self) -> None:
+        """One allocation per backend in one round trip; on failure, the fallback (`Shares.failed`)."""
+        ttl_ms = int(self.config.lease_ttl_s * 1000)
+        registry = self.prefix + "replicas"
+        shares = self.shares
+        calls = []
+        pipe = self.redis.pipeline(transaction=False)
+        for sched in self.schedulers.values():
+            queued = sched.queue.depth_by_band()
+            for b in sched.backends:
+                demand = dict(queued)
+                for band, n in sched.dispatcher.holdings.by_band(b.url).items():
+                    demand[band] = demand.get(band, 0) + n
+                args: list[str | int | bytes] = [
+                    shares.replica,
+                    ttl_ms,
+                    sched.limits[b.url].limit,
+                    b.active,
+                    b.reserved_kv_tokens,
+                    shares.seen_replicas,
+                    1 if shares.returning else 0,
+                    orjson.dumps([[band, n] for band, n in demand.items() if n > 0]),
+                ]
+                await self._allocate(keys=[self._key(b.url), registry], args=args, client=pipe)
+                calls.append((sched, b))
+        sent = self.clock()
+        try:
+            answers = await pipe.execute()
+        except OUTAGE_ERRORS as e:
+            if not shares.returning:
+                log.warning("coordination: redis unreachable (%s); each replica holds 1/N", type(e).__name__)
+            shares.failed(sent)
+            return
+        if shares.returning:
+            log.warning("coordination: redis reachable again; leases resume")
+        until = sent + self.config.lease_ttl_s
+        for (_, backend), answer in zip(calls, answers, strict=True):
+            grant, limit, live, peer_kv, peer_active, owner, *pairs = answer
+            grants = {_text(pairs[i]): int(pairs[i + 1]) for i in range(0, len(pairs), 2)}
+            shares.leased(
+                backend.url,
+                Lease(
+                    int(grant),
+                    int(limit),
+                    until,
+                    int(live),
+                    int(peer_kv),
+                    int(peer_active),
+                    owner == 1,
+                    grants,
+                ),
+            )
+            backend.peer_active = int(peer_active)
+            backend.peer_kv_tokens = int(peer_kv)
+        shares.refreshed()
+        for sched in self.schedulers.values():
+            sched.pump()  # a grown share may let waiting requests go
+
+    async def run(self) -> None:
+        """Refresh every `refresh_s`, or soon after a nudge; until cancelled, then leave."""
+        try:
+            while True:
+                self._last = self.clock()
+                await self.refresh()
+                self._wake = anyio.Event()
+                with anyio.move_on_after(self.config.refresh_s):
+                    await self._wake.wait()
+                    await anyio.sleep(max(0.0, self._last + NUDGE_GAP_S - self.clock()))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.leave()
+
+    async def leave(self) -> None:
+        """Give the leases back at once (a clean stop); the registry forgets this replica."""
+        keys = [self._key(b.url) for s in self.schedulers.values() for b in s.backends]
+        with contextlib.suppress(*OUTAGE_ERRORS), anyio.move_on_after(self.config.redis_timeout_s):
+            await self._leave(keys=[*keys, self.prefix + "replicas"], args=[self.shares.replica])
+        with contextlib.suppress(*OUTAGE_ERRORS):
+            await self.redis.aclose()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,153 @@
+"""The lease allocator, one Lua script run atomically in Redis per (replica, backend) refresh.
+
+Keys: 1 the backend's hash (one field `r:<replica>` per live replica: a JSON lease {e expiry ms, g grant,
+p the grant before it, a active, k reserved KV tokens, w demand as [[band, n], ...]}; `owner` and `limit`: the replica that owns
+the backend's adaptive limit and its value; `rec_until`, `rec_n`: the recovery cap); 2 the registry zset
+(replica → heartbeat expiry ms). Time is Redis's own `TIME`, so replicas on hosts with skewed clocks
+agree on every lease.
+
+The call refreshes the caller's lease, drops expired ones (a killed replica's share returns), then splits
+the limit L max-min fairly between the live replicas by demand, band by band from the highest (a band is
+served before any lower one, on whichever replica it waits); what no demand claims is split evenly as
+headroom. The caller gets min(its target, L − Σ over the others of what they may hold). A replica's grant changes
+only in its own call, it dispatches under its previous grant until the answer arrives, and running
+requests cannot be taken back, so a replica may hold max(its grant, the grant before it (`p`), its
+active count when it called): the sum of those never exceeds L. A shrinking share is thus free for the
+others one refresh later.
+
+ARGV: replica, ttl_ms, own limit, active, reserved KV, seen replicas, returning (1 after a failed call),
+demand JSON. Returns: grant, L, live replicas, peers' KV, peers' active, 1 if the caller owns the limit,
+then replica, grant pairs of every live lease.
+"""
+
+from __future__ import annotations
+
+ALLOCATE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local h, reg = KEYS[1], KEYS[2]
+local rid, ttl = ARGV[1], tonumber(ARGV[2])
+local own_limit, active, kv = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local seen_n, returning = tonumber(ARGV[6]), tonumber(ARGV[7])
+redis.call('ZADD', reg, now + ttl, rid)
+redis.call('ZREMRANGEBYSCORE', reg, '-inf', now)
+local live_n = redis.call('ZCARD', reg)
+
+-- a fresh hash (new deployment, or Redis lost its data) or a replica back from its fallback: for one
+-- lease TTL nobody gets more than L / N, the share each replica may hold while it cannot reach Redis
+if redis.call('HSETNX', h, 'epoch', now) == 1 or returning == 1 then
+  local n = seen_n
+  if tonumber(redis.call('HGET', h, 'rec_until') or '0') > now then
+    n = math.max(n, tonumber(redis.call('HGET', h, 'rec_n') or '1'))
+  end
+  redis.call('HSET', h, 'rec_until', now + ttl, 'rec_n', math.max(1, n))
+end
+
+local entries, ids, me_before = {}, {}, 0
+local all = redis.call('HGETALL', h)
+for i = 1, #all, 2 do
+  local k = all[i]
+  if string.sub(k, 1, 2) == 'r:' then
+    local id = string.sub(k, 3)
+    local e = cjson.decode(all[i + 1])
+    if e.e < now then
+      redis.call('HDEL', h, k)
+    elseif id ~= rid then
+      entries[id] = e
+      ids[#ids + 1] = id
+    else
+      me_before = e.g
+    end
+  end
+end
+local me = {e = now + ttl, g = 0, p = 0, a = active, k = kv, w = cjson.decode(ARGV[8])}
+entries[rid] = me
+ids[#ids + 1] = rid
+table.sort(ids)
+
+local owner = redis.call('HGET', h, 'owner')
+local L
+if (not owner) or owner == rid or entries[owner] == nil then
+  owner = rid
+  L = own_limit
+  redis.call('HSET', h, 'owner', rid, 'limit', L)
+else
+  L = tonumber(redis.call('HGET', h, 'limit'))
+end
+
+local demand, bands, seen = {}, {}, {}
+for _, id in ipairs(ids) do
+  demand[id] = {}
+  for _, p in ipairs(entries[id].w) do
+    local b, n = p[1], p[2]
+    demand[id][b] = (demand[id][b] or 0) + n
+    if not seen[b] then seen[b] = true; bands[#bands + 1] = b end
+  end
+end
+table.sort(bands, function(x, y) return x > y end)
+local target = {}
+for _, id in ipairs(ids) do target[id] = 0 end
+local left = L
+for _, b in ipairs(bands) do
+  if left <= 0 then break end
+  local want = {}
+  for _, id in ipairs(ids) do
+    local d = demand[id][b] or 0
+    if d > 0 then want[#want + 1] = {id, d} end
+  end
+  table.sort(want, function(x, y) if x[2] ~= y[2] then return x[2] < y[2] end return x[1] < y[1] end)
+  local short = {}
+  for i, p in ipairs(want) do
+    local give = math.min(p[2], math.floor(left / (#want - i + 1)))
+    target[p[1]] = target[p[1]] + give
+    left = left - give
+    if give < p[2] then short[#short + 1] = p[1] end
+  end
+  for _, id in ipairs(short) do  -- the remainder of the integer split, one each
+    if left <= 0 then break end
+    target[id] = target[id] + 1
+    left = left - 1
+  end
+end
+if left > 0 then  -- unclaimed: even headroom, so a new request starts without waiting for a refresh
+  local each, extra = math.floor(left / #ids), left % #ids
+  for i, id in ipairs(ids) do
+    target[id] = target[id] + each + ((i <= extra) and 1 or 0)
+  end
+end
+
+local others, peer_kv, peer_active = 0, 0, 0
+for _, id in ipairs(ids) do
+  if id ~= rid then
+    local e = entries[id]
+    others = others + math.max(e.g, e.a, e.p or 0)
+    peer_kv = peer_kv + e.k
+    peer_active = peer_active + e.a
+  end
+end
+local g = math.max(0, math.min(target[rid], L - others))
+if tonumber(redis.call('HGET', h, 'rec_until') or '0') > now then
+  g = math.min(g, math.floor(L / tonumber(redis.call('HGET', h, 'rec_n'))))
+end
+me.g = g
+me.p = me_before
+redis.call('HSET', h, 'r:' .. rid, cjson.encode(me))
+redis.call('PEXPIRE', h, ttl * 100)
+local out = {g, L, live_n, peer_kv, peer_active, (owner == rid) and 1 or 0}
+for _, id in ipairs(ids) do
+  out[#out + 1] = id
+  out[#out + 1] = entries[id].g
+end
+return out
+"""
+
+LEAVE = """
+redis.call('ZREM', KEYS[#KEYS], ARGV[1])
+for i = 1, #KEYS - 1 do
+  redis.call('HDEL', KEYS[i], 'r:' .. ARGV[1])
+  if redis.call('HGET', KEYS[i], 'owner') == ARGV[1] then redis.call('HDEL', KEYS[i], 'owner') end
+end
+return 1
+"""
+"""A replica that stops cleanly gives its leases back at once (a killed one's expire within the TTL).
+KEYS: the backend hashes, then the registry; ARGV: the replica."""
