@@ -1,19 +1,19 @@
 """The lease allocator, one Lua script run atomically in Redis per (replica, backend) refresh.
 
-Keys: 1 the backend's hash (one field `r:<replica>` per live replica: a JSON lease {e expiry ms, g grant,
-p the grant before it, a active, k reserved KV tokens, w demand as [[band, n], ...]}; `owner` and `limit`: the replica that owns
-the backend's adaptive limit and its value; `rec_until`, `rec_n`: the recovery cap); 2 the registry zset
-(replica → heartbeat expiry ms). Time is Redis's own `TIME`, so replicas on hosts with skewed clocks
-agree on every lease.
+Keys: 1 the backend's hash: one field `r:<replica>` per live replica, a JSON lease {e expiry ms, g grant,
+p the grant before it, a active, k reserved KV tokens, w demand as [[band, n], ...]}; `owner` and
+`limit`, the replica that owns the backend's adaptive limit and its value; `rec_until` and `rec_n`, the
+recovery cap. 2 the registry zset (replica → heartbeat expiry ms). Time is Redis's own `TIME`, so
+replicas on hosts with skewed clocks agree on every lease.
 
 The call refreshes the caller's lease, drops expired ones (a killed replica's share returns), then splits
 the limit L max-min fairly between the live replicas by demand, band by band from the highest (a band is
 served before any lower one, on whichever replica it waits); what no demand claims is split evenly as
-headroom. The caller gets min(its target, L − Σ over the others of what they may hold). A replica's grant changes
-only in its own call, it dispatches under its previous grant until the answer arrives, and running
-requests cannot be taken back, so a replica may hold max(its grant, the grant before it (`p`), its
-active count when it called): the sum of those never exceeds L. A shrinking share is thus free for the
-others one refresh later.
+headroom. The caller gets min(its target, L − Σ over the others of what they may hold). A replica's
+grant changes only in its own call, it dispatches under its previous grant until the answer arrives,
+and running requests cannot be taken back, so a replica may hold max(its grant, the grant before it
+(`p`), its active count when it called): the sum of those never exceeds L. A shrinking share is thus
+free for the others one refresh later.
 
 ARGV: replica, ttl_ms, own limit, active, reserved KV, seen replicas, returning (1 after a failed call),
 demand JSON. Returns: grant, L, live replicas, peers' KV, peers' active, 1 if the caller owns the limit,
