@@ -34,8 +34,7 @@ def _setup_logging(level: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.app import create_app
-    from gateway.server import serve
+    from gateway.workers import refusal, reuse_port_socket, supervise
 
     _setup_logging(args.log_level)
     try:
@@ -47,12 +46,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
             }
         )
         config = config.model_copy(update={"listen": listen})
+        refused = refusal(config, args.workers, listen.port)
+        if refused is not None:
+            print(f"omnigate: {refused}", file=sys.stderr)
+            return 2
+        if args.workers > 1:
+            argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", args.config, "--reuse-port"]
+            argv += ["--host", listen.host, "--port", str(listen.port), "--log-level", args.log_level]
+            return supervise(argv, args.workers)
+        from gateway.app import create_app  # not in the supervisor: its workers import it
+        from gateway.server import serve
+
         app = create_app(config)
     except (ConfigError, PolicyError) as e:
         print(f"omnigate: {e}", file=sys.stderr)
         return 2
     gateway = app.state.gateway
-    serve(app, config.listen.host, config.listen.port, config.limits, gateway.drain, config.shutdown.drain_s)
+    sock = reuse_port_socket(listen.host, listen.port) if args.reuse_port else None
+    serve(app, listen.host, listen.port, config.limits, gateway.drain, config.shutdown.drain_s, sock)
     return 0
 
 
@@ -110,6 +121,13 @@ def cmd_policy_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnigate", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="processes on the one port (SO_REUSEPORT), each a replica; above 1 needs a Redis store",
+    )
+    serve.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # one of the workers
     serve.set_defaults(func=cmd_serve)
 
     policy = sub.add_parser("policy", help="validate or export policy files")

@@ -56,8 +56,17 @@ class GatewayServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def serve(app: Starlette, host: str, port: int, limits: LimitsConfig, drain: Drain, drain_s: float) -> None:
-    """Run `app` with the edge limits (gateway/edge.py) until a signal and its drain end it."""
+def serve(
+    app: Starlette,
+    host: str,
+    port: int,
+    limits: LimitsConfig,
+    drain: Drain,
+    drain_s: float,
+    sock: socket.socket | None = None,
+) -> None:
+    """Run `app` with the edge limits (gateway/edge.py) until a signal and its drain end it; on `sock`
+    (a worker's shared port) if given, else on a socket of its own bound to (host, port)."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -69,4 +78,4 @@ def serve(app: Starlette, host: str, port: int, limits: LimitsConfig, drain: Dra
         timeout_keep_alive=limits.keepalive_timeout_s,
         timeout_graceful_shutdown=CLOSE_GRACE_S,
     )
-    GatewayServer(config, drain, drain_s).run()
+    GatewayServer(config, drain, drain_s).run(sockets=None if sock is None else [sock])

@@ -7,6 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +108,99 @@ async def test_two_replicas_never_run_more_than_the_engine_limit(
     assert [v["mode"] for v in views] == ["leased", "leased"]
     assert {v["replica"] for v in views} == set(views[0]["replica_shares"])  # each sees both replicas
     assert sum(views[0]["replica_shares"].values()) <= LIMIT
+
+
+async def poll(
+    client: httpx.AsyncClient, url: str, done: Callable[[dict[str, Any]], bool], within_s: float
+) -> dict[str, Any]:
+    """`url`'s shared-budget view, polled every 50 ms until `done` holds (an outside process's state:
+    nothing to await); fails after `within_s` seconds."""
+    deadline = time.monotonic() + within_s
+    headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    while True:
+        resp = await client.get(url + "/admin/state", headers=headers)
+        (backend,) = resp.json()["pools"]["interactive"]["backends"]
+        view: dict[str, Any] = backend["shared"]
+        if done(view):
+            return view
+        assert time.monotonic() < deadline, view
+        await asyncio.sleep(0.05)
+
+
+def replica_names(url: str, want: int, tries: int = 60) -> set[str]:
+    """The replicas that answer /admin/state on `url` over fresh connections, until `want` of them have."""
+    seen: set[str] = set()
+    for _ in range(tries):
+        seen.add(shared(url)["replica"])
+        if len(seen) >= want:
+            break
+    return seen
+
+
+async def test_workers_are_replicas_on_one_port(
+    procs: Processes, tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    """`serve --workers 2`: two processes answer on the one port, each a replica of the shared budget."""
+    sim = procs.sim("--time-scale", "10", "--model", MODEL, "--max-running-requests", "64", name="engine")
+    gw = procs.gateway(
+        replicas_config(tmp_path, sim, redis_url, redis_prefix), args=["--workers", "2"], start_timeout=90.0
+    )
+    async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
+        counts = await asyncio.gather(*(stream(client, gw.url, 40) for _ in range(30)))
+    assert counts == [40] * 30
+    assert sim_peak(sim) <= LIMIT
+    names = replica_names(gw.url, 2)
+    assert len(names) == 2
+    assert set(shared(gw.url)["replica_shares"]) == names
+    assert gw.stop() == 0  # SIGTERM reaches both workers; each drains and exits 0
+
+
+def test_more_than_one_worker_without_redis_is_refused(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "gateway.yaml", "http://127.0.0.1:9", {"kind": "memory"})
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--config",
+            str(config),
+            "--workers",
+            "2",
+            "--port",
+            "9",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    assert "--workers 2 needs a shared Redis store" in run.stderr
+
+
+async def test_a_killed_replicas_share_returns_within_the_lease_ttl(
+    procs: Processes, tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    """kill -9 of a replica in the middle of its streams: the other replica's share grows back to the
+    whole limit within the lease TTL (3 s), its own streams all finish, the engine never holds more than
+    the limit."""
+    sim = procs.sim("--time-scale", "2", "--model", MODEL, "--max-running-requests", "64", name="engine")
+    config = replicas_config(tmp_path, sim, redis_url, redis_prefix)
+    a = procs.gateway(config, name="replica-a")
+    b = procs.gateway(config, name="replica-b")
+    async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
+        doomed = [asyncio.create_task(stream(client, a.url, 400)) for _ in range(12)]
+        kept = [asyncio.create_task(stream(client, b.url, 60)) for _ in range(12)]
+        before = await poll(client, b.url, lambda v: v["peer_active"] >= 2, 10.0)  # a runs streams
+        a.kill()
+        killed = time.monotonic()
+        view = await poll(client, b.url, lambda v: v["share"] == LIMIT, 3.0 + 1.0)
+        returned = time.monotonic() - killed
+        assert await asyncio.gather(*kept) == [60] * 12
+        for task in doomed:
+            with pytest.raises(httpx.HTTPError):
+                await task
+    print(f"\nb's share before the kill {before['share']}, the whole limit again {returned:.2f} s after it")
+    assert before["share"] < LIMIT
+    assert set(view["replica_shares"]) == {view["replica"]}
+    assert sim_peak(sim) <= LIMIT

@@ -152,12 +152,13 @@ class Processes:
         probe: Probe,
         port: int | None,
         env: dict[str, str] | None = None,
+        start_timeout: float = 30.0,
     ) -> ManagedProcess:
         taken = {c.name for c in self.children}
         unique = name if name not in taken else f"{name}-{len(self.children)}"
         child = ManagedProcess(unique, argv, self.log_dir / f"{unique}.log", probe, port=port, env=env)
         self.children.append(child)
-        return child.start()
+        return child.start(start_timeout)
 
     def gateway(
         self,
@@ -166,11 +167,23 @@ class Processes:
         port: int | None = None,
         env: dict[str, str] | None = None,
         ready_path: str = "/readyz",
+        args: Sequence[str] = (),
+        start_timeout: float = 30.0,
     ) -> ManagedProcess:
-        """`omnigate serve --config config` on its own port; ready when /readyz says every pool is (or when
-        `ready_path` answers 200, for a gateway whose backends are not meant to be up)."""
-        argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", "{port}"]
-        return self._add(name, argv, http_probe(ready_path), port, env)
+        """`omnigate serve --config config [args…]` on its own port; ready when /readyz says every pool is
+        (or when `ready_path` answers 200, for a gateway whose backends are not meant to be up)."""
+        argv = [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--config",
+            str(config),
+            "--port",
+            "{port}",
+            *args,
+        ]
+        return self._add(name, argv, http_probe(ready_path), port, env, start_timeout)
 
     def sim(self, *args: str, name: str = "sim", port: int | None = None) -> ManagedProcess:
         """`python -m loadtest.sim --port P args…`; ready when /health answers."""
