@@ -138,7 +138,16 @@ class House:
     def gateway(self, name: str, controller: dict[str, Any], lend: dict[str, Any] | None = None) -> str:
         """A gateway whose interactive pool is `sims`; with `lend`, also an offline pool on `offline_sims`
         and the interactive pool's `budgets.pools.interactive.lend` set to it."""
-        port = free_port()
+        return self.start_gateway(name, self.gateway_config(name, controller, lend))
+
+    def gateway_config(
+        self,
+        name: str,
+        controller: dict[str, Any],
+        lend: dict[str, Any] | None = None,
+        store: dict[str, Any] | None = None,
+    ) -> Path:
+        """The config file (and its policy) of `gateway`; `store` replaces the in-memory tenant store."""
         work = self.procs.workdir
         policy = scaled_policy(self.policy, self.k, controller)
         if lend is not None:
@@ -154,18 +163,23 @@ class House:
         if lend is not None:
             pools.append({"name": "offline", "backends": self.offline_sims, **pool})
         config = {
-            "listen": {"host": "127.0.0.1", "port": port},
+            "listen": {"host": "127.0.0.1", "port": 0},
             "policy_path": str(work / f"{name}-policy.yaml"),
             "watch_policy": False,
             "admin": {"token": "bench"},
             "auth": {"required": True},
-            "store": {"kind": "memory"},
+            "store": store or {"kind": "memory"},
             "access_log": False,
             "tenants": TENANTS,
             "pools": pools,
         }
         (work / f"{name}.yaml").write_bytes(orjson.dumps(config))
-        argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / f"{name}.yaml")]
+        return work / f"{name}.yaml"
+
+    def start_gateway(self, name: str, config: Path) -> str:
+        """`omnigate serve --config config` on a free port, once it is ready."""
+        port = free_port()
+        argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)]
         self.procs.start(name, [*argv, "--log-level", "warning"])
         wait_http(port, "/readyz", 60, self.procs, name)
         self.started[name] = time.monotonic()
@@ -228,6 +242,7 @@ class Stream:
 
     label: str
     workload: Workload
+    url: str | None = None  # its own target (a replica), else the run's
     records: list[RequestRecord] | None = None
     result: dict[str, Any] | None = None
 
@@ -262,7 +277,9 @@ async def run(house: House, url: str, streams: list[Stream]) -> float:
     window = asyncio.create_task(asyncio.sleep(max(s.workload.duration for s in streams) / house.k))
 
     async def one(s: Stream) -> None:
-        opts = RunOptions(url=url, workload=s.workload, scrape_targets=house.engines, scrape_interval=0.25)
+        opts = RunOptions(
+            url=s.url or url, workload=s.workload, scrape_targets=house.engines, scrape_interval=0.25
+        )
         records, samples = await execute(opts)
         s.records, s.result = records, build_result(records, samples, opts)
         print(f"  {s.label}: failures {s.result['summary']['error_codes']}", flush=True)
