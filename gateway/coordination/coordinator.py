@@ -26,6 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.admission.scheduler import PoolScheduler
+from gateway.backends.state import BackendState
 from gateway.config import CoordinationConfig
 from gateway.coordination.scripts import ALLOCATE, LEAVE
 from gateway.coordination.shares import Lease, Shares
@@ -78,29 +79,30 @@ class Coordinator:
         ttl_ms = int(self.config.lease_ttl_s * 1000)
         registry = self.prefix + "replicas"
         shares = self.shares
-        calls = []
-        pipe = self.redis.pipeline(transaction=False)
-        for sched in self.schedulers.values():
-            queued = sched.queue.depth_by_band()
-            for b in sched.backends:
-                demand = dict(queued)
-                for band, n in sched.dispatcher.holdings.by_band(b.url).items():
-                    demand[band] = demand.get(band, 0) + n
-                args: list[str | int | bytes] = [
-                    shares.replica,
-                    ttl_ms,
-                    sched.limits[b.url].limit,
-                    b.active,
-                    b.reserved_kv_tokens,
-                    shares.seen_replicas,
-                    1 if shares.returning else 0,
-                    orjson.dumps([[band, n] for band, n in demand.items() if n > 0]),
-                ]
-                await self._allocate(keys=[self._key(b.url), registry], args=args, client=pipe)
-                calls.append((sched, b))
+        calls: list[tuple[PoolScheduler, BackendState]] = []
         sent = self.clock()
         try:
-            answers = await pipe.execute()
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for sched in self.schedulers.values():
+                    queued = sched.queue.depth_by_band()
+                    for b in sched.backends:
+                        demand = dict(queued)
+                        for band, n in sched.dispatcher.holdings.by_band(b.url).items():
+                            demand[band] = demand.get(band, 0) + n
+                        args: list[str | int | bytes] = [
+                            shares.replica,
+                            ttl_ms,
+                            sched.limits[b.url].limit,
+                            b.active,
+                            b.reserved_kv_tokens,
+                            shares.seen_replicas,
+                            1 if shares.returning else 0,
+                            orjson.dumps([[band, n] for band, n in demand.items() if n > 0]),
+                        ]
+                        await self._allocate(keys=[self._key(b.url), registry], args=args, client=pipe)
+                        calls.append((sched, b))
+                sent = self.clock()
+                answers = await pipe.execute()
         except OUTAGE_ERRORS as e:
             if not shares.returning:
                 log.warning("coordination: redis unreachable (%s); each replica holds 1/N", type(e).__name__)

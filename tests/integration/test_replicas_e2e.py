@@ -127,6 +127,19 @@ async def poll(
         await asyncio.sleep(0.05)
 
 
+async def tenants_back(client: httpx.AsyncClient, url: str) -> None:
+    """Wait (≤ 10 s) until the tenant store of `url` answers again after an outage: it stays away from
+    Redis for its retry interval and reloads the key (tenants README), 503 until then."""
+    body, headers = chat_body(1), {"authorization": f"Bearer {KEY}"}
+    for _ in range(100):
+        resp = await client.post(url + "/v1/chat/completions", json=body, headers=headers)
+        if resp.status_code == 200:
+            return
+        assert resp.status_code == 503, resp.text
+        await asyncio.sleep(0.1)
+    raise AssertionError("the tenant store did not come back within 10 s")
+
+
 def replica_names(url: str, want: int, tries: int = 60) -> set[str]:
     """The replicas that answer /admin/state on `url` over fresh connections, until `want` of them have."""
     seen: set[str] = set()
@@ -203,4 +216,38 @@ async def test_a_killed_replicas_share_returns_within_the_lease_ttl(
     print(f"\nb's share before the kill {before['share']}, the whole limit again {returned:.2f} s after it")
     assert before["share"] < LIMIT
     assert set(view["replica_shares"]) == {view["replica"]}
+    assert sim_peak(sim) <= LIMIT
+
+
+async def test_redis_down_each_replica_holds_one_nth_and_takes_its_share_back(
+    procs: Processes, tmp_path: Path
+) -> None:
+    """A private redis-server stopped under two replicas: each falls back to L / N = 4, the engine still
+    never holds more than 8 and every stream is served; Redis back, both lease again and a busy replica's
+    share grows past 4 again."""
+    # append-only: the tenant and its key survive the restart (the shares start over either way)
+    redis = procs.redis(tmp_path / "redis-data", "--appendonly", "yes", name="private-redis")
+    sim = procs.sim("--time-scale", "10", "--model", MODEL, "--max-running-requests", "64", name="engine")
+    config = replicas_config(tmp_path, sim, f"redis://127.0.0.1:{redis.port}/0", "outage:")
+    a = procs.gateway(config, name="replica-a")
+    b = procs.gateway(config, name="replica-b")
+    async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
+        for gw in (a, b):  # both have the key cached before Redis goes
+            assert await stream(client, gw.url, 5) == 5
+            await poll(client, gw.url, lambda v: v["live_replicas"] == 2, 10.0)
+        redis.kill()
+        for gw in (a, b):
+            view = await poll(client, gw.url, lambda v: v["mode"] == "fallback" and v["share"] == 4, 10.0)
+            assert view["engine_limit"] == LIMIT
+        counts = await asyncio.gather(*(stream(client, gw.url, 30) for gw in [a, b] * 12))
+        assert counts == [30] * 24
+        redis.start()
+        for gw in (a, b):
+            await poll(client, gw.url, lambda v: v["mode"] == "leased", 15.0)
+        await tenants_back(client, a.url)
+        # longer than the recovery cap (one TTL, 3 s): each stream runs ~6 s
+        busy = [asyncio.create_task(stream(client, a.url, 3000)) for _ in range(8)]
+        grown = await poll(client, a.url, lambda v: v["share"] > 4, 3.0 + 3.0)
+        assert await asyncio.gather(*busy) == [3000] * 8
+    print(f"\nRedis back: a's share {grown['share']} of {grown['engine_limit']}")
     assert sim_peak(sim) <= LIMIT
