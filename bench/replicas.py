@@ -48,6 +48,7 @@ from bench.scheduling import (
     TTFT_SLO_S,
     House,
     Stream,
+    _list,
     peak_goodput,
     row,
     run,
@@ -56,6 +57,7 @@ from bench.scheduling import (
     workload,
 )
 from gateway.policy import load_policy
+from loadtest.workload import Workload
 
 STATE_HEADERS = {"authorization": "Bearer bench"}
 
@@ -149,18 +151,34 @@ async def engine_peak(house: House) -> int:
     return peak
 
 
+async def peak_verdict(bench: Bench) -> list[str]:
+    """While every run so far had the fixed limit: did any engine ever hold more than it?"""
+    if not bench.fixed_only:
+        return []
+    peak = await engine_peak(bench.house)
+    limit = bench.args.limit
+    return [
+        verdict(
+            f"the engine never held more than the limit ({limit})", peak <= limit, f"sim:requests_peak {peak}"
+        )
+    ]
+
+
+def seed_mix(args: argparse.Namespace, label: str, i: int, **over: Any) -> Workload:
+    """The seed mix from the chat tenant, the i-th stream of a run (seed 42 + i)."""
+    return workload(args, label, mix=MIXES["seed"], seed=42 + i, api_key="sk-chat", **over)
+
+
 def split(args: argparse.Namespace, label: str, n: int, low: float, high: float) -> list[Stream]:
     """The seed mix's sawtooth from `low` to `high` req/s as `n` streams of 1/n of it (seeds 42, 43, …)."""
     arrivals = {"shape": "sawtooth", "process": "poisson", "period": args.duration / 2}
     return [
         Stream(
             f"{label} {i + 1}/{n}",
-            workload(
+            seed_mix(
                 args,
                 f"{label}-{i}",
-                mix=MIXES["seed"],
-                seed=42 + i,
-                api_key="sk-chat",
+                i,
                 arrivals={**arrivals, "low": low / n, "high": high / n},
                 warmup={"duration": 5, "rate": low / n},
             ),
@@ -232,16 +250,7 @@ async def _sawtooth(bench: Bench, setups: list[tuple[int, str, dict[str, Any]]])
                     f"{mine:.2f} vs {one:.2f} r/s = {mine / max(one, 1e-9):.0%}",
                 )
             )
-    if bench.fixed_only:
-        peak = await engine_peak(house)
-        lines.append(
-            verdict(
-                f"the engine never held more than the limit ({args.limit}) in any run so far",
-                peak <= args.limit,
-                f"sim:requests_peak {peak}",
-            )
-        )
-    return lines
+    return lines + await peak_verdict(bench)
 
 
 async def flood(bench: Bench) -> list[str]:
@@ -285,14 +294,7 @@ async def kill(bench: Bench) -> list[str]:
     streams = [
         Stream(
             f"on {side}",
-            workload(
-                args,
-                f"kill-{side}",
-                mix=MIXES["seed"],
-                seed=42 + i,
-                api_key="sk-chat",
-                **{"arrivals.rate": 0.4 * cap},
-            ),
+            seed_mix(args, f"kill-{side}", i, **{"arrivals.rate": 0.4 * cap}),
             url=url,
         )
         for i, (side, url) in enumerate(zip("AB", reps.urls, strict=True))
@@ -341,16 +343,7 @@ async def kill(bench: Bench) -> list[str]:
         f"- B's clients: {b['error_rate']:.1%} of their requests answered by an error (cut or refused: "
         f"{b['error_codes']}); each is the client's to retry, none was sent twice by a gateway",
     ]
-    if bench.fixed_only:
-        peak = await engine_peak(house)
-        lines.append(
-            verdict(
-                f"the engine never held more than the limit ({args.limit})",
-                peak <= args.limit,
-                f"sim:requests_peak {peak}",
-            )
-        )
-    return lines
+    return lines + await peak_verdict(bench)
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -379,10 +372,6 @@ async def main_async(args: argparse.Namespace) -> None:
             )
         finally:
             procs.close()
-
-
-def _list(kind: type) -> Any:
-    return lambda text: [kind(x) for x in text.split(",") if x]
 
 
 def main() -> None:

@@ -34,18 +34,17 @@ def metered_tokens(budgets: PoolBudgets, rate: float) -> int | None:
     return None if metered >= budgets.prefill_tokens_per_round else max(1, metered)
 
 
-class Metering:
-    """The pool's budgets with the metered round budget, copied once per change: a pydantic copy per
+class BudgetCopy:
+    """The pool's budgets with another round budget, copied once per change: a pydantic copy per
     decision was a tenth of the admission path's CPU."""
 
     def __init__(self) -> None:
         self._copy: tuple[PoolBudgets, int, PoolBudgets] | None = None  # (budgets, tokens, their copy)
 
-    def budgets(self, budgets: PoolBudgets, rate: float, *, keep: bool = True) -> PoolBudgets:
-        """`budgets` with the round's budget metered at `rate`; `keep=False` for reads (/admin/state)
+    def with_tokens(self, budgets: PoolBudgets, tokens: int, *, keep: bool = True) -> PoolBudgets:
+        """`budgets` with `tokens` as the round's prefill budget; `keep=False` for reads (/admin/state)
         leaves the held copy as it is."""
-        tokens = metered_tokens(budgets, rate)
-        if tokens is None:
+        if tokens == budgets.prefill_tokens_per_round:
             return budgets
         held = self._copy
         if held is not None and held[0] is budgets and held[1] == tokens:
@@ -54,6 +53,15 @@ class Metering:
         if keep:
             self._copy = (budgets, tokens, copy)
         return copy
+
+
+class Metering(BudgetCopy):
+    """The pool's budgets with the metered round budget."""
+
+    def budgets(self, budgets: PoolBudgets, rate: float, *, keep: bool = True) -> PoolBudgets:
+        """`budgets` with the round's budget metered at `rate` (see `BudgetCopy.with_tokens`)."""
+        tokens = metered_tokens(budgets, rate)
+        return budgets if tokens is None else self.with_tokens(budgets, tokens, keep=keep)
 
 
 class Rounds:

@@ -25,9 +25,9 @@ from gateway.admission.lease import DROP_OUTCOMES, Lease, Waiter
 from gateway.admission.lending import Loans
 from gateway.admission.limits import Limit, Sample, latency_ratio, make_limit
 from gateway.admission.queue import Entry, SLOQueue, effective_deadline
-from gateway.admission.rounds import Metering
+from gateway.admission.rounds import BudgetCopy, Metering
 from gateway.admission.settings import AdmissionSettings, PoolBudgets
-from gateway.admission.shares import ReplicaShares, SharedBudgets
+from gateway.admission.shares import ReplicaShares
 from gateway.admission.shedding import PrefillRate, QueueGuard, SlotWait, displaced_error
 from gateway.admission.slots import SlotRule
 from gateway.admission.state import PoolView, pool_snapshot
@@ -77,7 +77,7 @@ class PoolScheduler:
         self._top_seen = -math.inf  # when a top-band request last arrived (the band reserve's hold)
         self.preempted = 0  # requests taken back from a backend for higher-ranked work (`_preempt`)
         self.shares: ReplicaShares | None = None  # set when replicas share the engines (coordination)
-        self._shared_budgets = SharedBudgets()
+        self._shared_budgets = BudgetCopy()  # the round's budget scaled to this replica's share
         self._sync_limits(current)
 
     @property
@@ -363,7 +363,8 @@ class PoolScheduler:
         budgets = self.metering.budgets(settings.budgets.for_pool(self.pool), rate, keep=keep)
         if self.shares is not None:  # replicas share the engines: dispatch within this one's share
             fraction = self.shares.fraction([b.url for b in self.backends], limits)
-            budgets = self._shared_budgets.scaled(budgets, fraction, keep=keep)
+            tokens = max(1, int(budgets.prefill_tokens_per_round * fraction))
+            budgets = self._shared_budgets.with_tokens(budgets, tokens, keep=keep)
             limits = {url: self.shares.granted(url, limit) for url, limit in limits.items()}
         return Decision(
             now=now,

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from gateway.admission.settings import PoolBudgets
-
 
 class ReplicaShares(Protocol):
     def granted(self, url: str, local_limit: int) -> int:
@@ -34,23 +32,3 @@ class ReplicaShares(Protocol):
     def describe(self, url: str, local_limit: int) -> dict[str, Any]:
         """/admin/state: the engine's whole budget, this replica's share, every replica's share."""
         ...
-
-
-class SharedBudgets:
-    """The pool's budgets with the round's prefill budget scaled to this replica's part of the engines,
-    copied once per change (as `rounds.Metering` does: a pydantic copy per decision is too dear)."""
-
-    def __init__(self) -> None:
-        self._copy: tuple[PoolBudgets, int, PoolBudgets] | None = None  # (budgets, tokens, their copy)
-
-    def scaled(self, budgets: PoolBudgets, fraction: float, *, keep: bool = True) -> PoolBudgets:
-        tokens = max(1, int(budgets.prefill_tokens_per_round * fraction))
-        if tokens == budgets.prefill_tokens_per_round:
-            return budgets
-        held = self._copy
-        if held is not None and held[0] is budgets and held[1] == tokens:
-            return held[2]
-        copy = budgets.model_copy(update={"prefill_tokens_per_round": tokens})
-        if keep:
-            self._copy = (budgets, tokens, copy)
-        return copy

@@ -170,19 +170,9 @@ async def test_workers_are_replicas_on_one_port(
 
 def test_more_than_one_worker_without_redis_is_refused(tmp_path: Path) -> None:
     config = write_config(tmp_path / "gateway.yaml", "http://127.0.0.1:9", {"kind": "memory"})
+    serve = ["serve", "--config", str(config), "--workers", "2", "--port", "9"]
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--config",
-            str(config),
-            "--workers",
-            "2",
-            "--port",
-            "9",
-        ],
+        [sys.executable, "-m", "gateway.cli", *serve],
         capture_output=True,
         text=True,
         timeout=60,
