@@ -11,7 +11,8 @@ Scenarios (in this order by default):
 - sawtooth: the seed mix's compare sawtooth (0.3× → 2× capacity), split evenly across N replicas (one
   stream per replica, each a seed of its own at 1/N of the rate), N in `--replicas`, with a fixed limit
   (`--limit`, the same for every run) so the engine's own peak (`sim:requests_peak`, a maximum since the
-  engine started) can be held to it. Target: the N-replica peak goodput within 5 % of one replica's.
+  engine started) can be held to it; first one gateway on its embedded store (no Redis, no sharing) for
+  reference. Target: the N-replica peak goodput within 5 % of one replica's.
 - flood: the scheduling benchmark's flood with the high-priority stream on replica A and the low flood
   (3× capacity) on replica B; one replica with both streams for reference. Target: the high-priority
   TTFT P99 within its 2 s SLO.
@@ -74,19 +75,24 @@ class Bench:
         n = self.args.limit
         return {"algorithm": "fixed", "initial": n, "min": n, "max": n}
 
-    def replicas(self, name: str, n: int, controller: dict[str, Any]) -> Replicas:
+    def replicas(self, name: str, n: int, controller: dict[str, Any], shared: bool = True) -> Replicas:
+        """`n` replicas on the Redis store; `shared=False`: one gateway on its embedded store instead."""
         if controller.get("algorithm") != "fixed":
             self.fixed_only = False
-        return Replicas(self.house, name, n, controller, self.redis_url)
+        return Replicas(self.house, name, n, controller, self.redis_url if shared else None)
 
 
 class Replicas:
     """N replicas of one gateway config on the house's engines and one Redis; `stop` prints each one's
     view and stops them all."""
 
-    def __init__(self, house: House, name: str, n: int, controller: dict[str, Any], redis_url: str) -> None:
+    def __init__(
+        self, house: House, name: str, n: int, controller: dict[str, Any], redis_url: str | None
+    ) -> None:
         prefix = f"bench:{name}:"  # each run its own keys: no lease or limit owner carried over
-        store = {"kind": "redis", "redis_url": redis_url, "redis_prefix": prefix}
+        store = (
+            None if redis_url is None else {"kind": "redis", "redis_url": redis_url, "redis_prefix": prefix}
+        )
         config = house.gateway_config(name, controller, store=store)
         self.house = house
         self.names = [f"{name}-{chr(ord('a') + i)}" for i in range(n)]
@@ -105,30 +111,27 @@ async def shared_view(client: httpx.AsyncClient, url: str) -> list[dict[str, Any
 
 
 class Watch:
-    """Polls every live replica's /admin/state every 0.1 s (wall) during a run: the engine limits each
-    replica sees and the sum of the shares against them."""
+    """Polls every live replica's /admin/state every 0.1 s (wall) during a run: the engine limits they
+    see, and the sum of all replicas' shares in each one's view (the allocator's answer to its last
+    refresh: one instant of Redis, unlike reading the replicas one after another) against the limit."""
 
     def __init__(self, urls: list[str]) -> None:
         self.urls = list(urls)
         self.limits: set[int] = set()
-        self.over = 0  # the most the replicas' shares together exceeded an engine's limit
-        self.samples = 0
+        self.over = -(10**9)  # the most the shares together ever exceeded an engine's limit (≤ 0: never)
         self._task: asyncio.Task[None] | None = None
 
     async def _poll(self) -> None:
         async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:
             while True:
-                views = []
                 for url in list(self.urls):
                     try:
-                        views.append(await shared_view(client, url))
+                        views = await shared_view(client, url)
                     except (httpx.HTTPError, KeyError, ValueError):
                         continue
-                for engine in zip(*views, strict=True):
-                    limit = max(v["engine_limit"] for v in engine)
-                    self.limits.add(limit)
-                    self.over = max(self.over, sum(v["share"] for v in engine) - limit)
-                self.samples += 1
+                    for v in views:
+                        self.limits.add(v["engine_limit"])
+                        self.over = max(self.over, sum(v["replica_shares"].values()) - v["engine_limit"])
                 await asyncio.sleep(0.1)
 
     def __enter__(self) -> Watch:
@@ -189,28 +192,30 @@ def split(args: argparse.Namespace, label: str, n: int, low: float, high: float)
 
 async def sawtooth(bench: Bench) -> list[str]:
     """The fixed-limit runs for every N, then (`adaptive`) the policy's controller for 1 and the most."""
-    return await _sawtooth(
-        bench, [(n, f"fixed {bench.args.limit}", bench.fixed) for n in bench.args.replicas]
-    )
+    label = f"fixed {bench.args.limit}"
+    setups = [(1, f"{label}, no Redis", bench.fixed, False)]  # the embedded default, for reference
+    return await _sawtooth(bench, setups + [(n, label, bench.fixed, True) for n in bench.args.replicas])
 
 
 async def adaptive(bench: Bench) -> list[str]:
     counts = sorted({min(bench.args.replicas), max(bench.args.replicas)})
-    return await _sawtooth(bench, [(n, "adaptive", {}) for n in counts])
+    return await _sawtooth(bench, [(n, "adaptive", {}, True) for n in counts])
 
 
-async def _sawtooth(bench: Bench, setups: list[tuple[int, str, dict[str, Any]]]) -> list[str]:
+async def _sawtooth(bench: Bench, setups: list[tuple[int, str, dict[str, Any], bool]]) -> list[str]:
     house, args = bench.house, bench.args
     cap = MIX_CAPACITY["seed"] * len(house.sims)
     lines = [
         f"\n### sawtooth — seed mix, {0.3 * cap:.1f} → {2 * cap:.1f} req/s split across the replicas\n",
-        "| replicas | limit | peak goodput r/s | vs 1 replica | SLO att. | rejected | Σ shares − limit (max) "
+        "| replicas | limit | peak goodput r/s | vs 1 replica | SLO att. | rejected | Σ shares − limit, max "
         "| engine limits seen |",
         "|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     peaks: dict[tuple[str, int], float] = {}
-    for n, label, controller in setups:
-        reps = bench.replicas(f"saw-{label.split()[0]}-{n}", n, controller)
+    for n, label, controller, shared in setups:
+        reps = bench.replicas(
+            f"saw-{label.split()[0]}-{n}{'' if shared else '-embedded'}", n, controller, shared
+        )
         streams = split(args, f"{n}r", n, 0.3 * cap, 2 * cap)
         for s, url in zip(streams, reps.urls, strict=True):
             s.url = url
