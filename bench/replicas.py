@@ -11,8 +11,9 @@ Scenarios (in this order by default):
 - sawtooth: the seed mix's compare sawtooth (0.3× → 2× capacity), split evenly across N replicas (one
   stream per replica, each a seed of its own at 1/N of the rate), N in `--replicas`, with a fixed limit
   (`--limit`, the same for every run) so the engine's own peak (`sim:requests_peak`, a maximum since the
-  engine started) can be held to it; first one gateway on its embedded store (no Redis, no sharing) for
-  reference. Target: the N-replica peak goodput within 5 % of one replica's.
+  engine started) can be held to it; first, for reference, one gateway on its embedded store, and one on
+  the Redis store with `coordination.enabled: false`. Target: N replicas' peak goodput within 5 % of
+  one replica's.
 - flood: the scheduling benchmark's flood with the high-priority stream on replica A and the low flood
   (3× capacity) on replica B; one replica with both streams for reference. Target: the high-priority
   TTFT P99 within its 2 s SLO.
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -75,11 +77,14 @@ class Bench:
         n = self.args.limit
         return {"algorithm": "fixed", "initial": n, "min": n, "max": n}
 
-    def replicas(self, name: str, n: int, controller: dict[str, Any], shared: bool = True) -> Replicas:
-        """`n` replicas on the Redis store; `shared=False`: one gateway on its embedded store instead."""
+    def replicas(self, name: str, n: int, controller: dict[str, Any], store: str = "shared") -> Replicas:
+        """`n` replicas on the Redis store sharing the engines; `store`: "unshared", the Redis store with
+        `coordination.enabled: false`; "embedded", the gateway's own in-memory store."""
         if controller.get("algorithm") != "fixed":
             self.fixed_only = False
-        return Replicas(self.house, name, n, controller, self.redis_url if shared else None)
+        return Replicas(
+            self.house, name, n, controller, None if store == "embedded" else self.redis_url, store
+        )
 
 
 class Replicas:
@@ -87,13 +92,22 @@ class Replicas:
     view and stops them all."""
 
     def __init__(
-        self, house: House, name: str, n: int, controller: dict[str, Any], redis_url: str | None
+        self,
+        house: House,
+        name: str,
+        n: int,
+        controller: dict[str, Any],
+        redis_url: str | None,
+        store: str = "shared",
     ) -> None:
         prefix = f"bench:{name}:"  # each run its own keys: no lease or limit owner carried over
-        store = (
+        redis = (
             None if redis_url is None else {"kind": "redis", "redis_url": redis_url, "redis_prefix": prefix}
         )
-        config = house.gateway_config(name, controller, store=store)
+        config = house.gateway_config(name, controller, store=redis)
+        if store == "unshared":
+            data = orjson.loads(config.read_bytes())
+            config.write_bytes(orjson.dumps({**data, "coordination": {"enabled": False}}))
         self.house = house
         self.names = [f"{name}-{chr(ord('a') + i)}" for i in range(n)]
         self.urls = [house.start_gateway(replica, config) for replica in self.names]
@@ -193,16 +207,19 @@ def split(args: argparse.Namespace, label: str, n: int, low: float, high: float)
 async def sawtooth(bench: Bench) -> list[str]:
     """The fixed-limit runs for every N, then (`adaptive`) the policy's controller for 1 and the most."""
     label = f"fixed {bench.args.limit}"
-    setups = [(1, f"{label}, no Redis", bench.fixed, False)]  # the embedded default, for reference
-    return await _sawtooth(bench, setups + [(n, label, bench.fixed, True) for n in bench.args.replicas])
+    setups = [  # for reference: the embedded default, and the Redis store without sharing the engines
+        (1, f"{label}, no Redis", bench.fixed, "embedded"),
+        (1, f"{label}, Redis, not shared", bench.fixed, "unshared"),
+    ]
+    return await _sawtooth(bench, setups + [(n, label, bench.fixed, "shared") for n in bench.args.replicas])
 
 
 async def adaptive(bench: Bench) -> list[str]:
     counts = sorted({min(bench.args.replicas), max(bench.args.replicas)})
-    return await _sawtooth(bench, [(n, "adaptive", {}, True) for n in counts])
+    return await _sawtooth(bench, [(n, "adaptive", {}, "shared") for n in counts])
 
 
-async def _sawtooth(bench: Bench, setups: list[tuple[int, str, dict[str, Any], bool]]) -> list[str]:
+async def _sawtooth(bench: Bench, setups: list[tuple[int, str, dict[str, Any], str]]) -> list[str]:
     house, args = bench.house, bench.args
     cap = MIX_CAPACITY["seed"] * len(house.sims)
     lines = [
@@ -212,10 +229,8 @@ async def _sawtooth(bench: Bench, setups: list[tuple[int, str, dict[str, Any], b
         "|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     peaks: dict[tuple[str, int], float] = {}
-    for n, label, controller, shared in setups:
-        reps = bench.replicas(
-            f"saw-{label.split()[0]}-{n}{'' if shared else '-embedded'}", n, controller, shared
-        )
+    for n, label, controller, store in setups:
+        reps = bench.replicas(f"saw-{label.split()[0]}-{n}-{store}", n, controller, store)
         streams = split(args, f"{n}r", n, 0.3 * cap, 2 * cap)
         for s, url in zip(streams, reps.urls, strict=True):
             s.url = url

@@ -106,6 +106,11 @@ class CoordinationConfig(Frozen):
     """Shared engine budgets between replicas on one Redis store (gateway/coordination/); used only with
     `store.kind: redis`."""
 
+    enabled: bool = Field(
+        True,
+        description="Share the engines' budgets with the other replicas on the store (off: each "
+        "replica gives every engine its whole budget, as one process does).",
+    )
     lease_ttl_s: float = Field(
         3.0,
         gt=0,

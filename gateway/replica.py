@@ -93,7 +93,7 @@ class Gateway:
         self.live = LiveState(self.policy, self.pools, self.schedulers, self.slo, measure, clock)
         self.coordinator = (
             Coordinator(store.redis_url, store.redis_prefix, config.coordination, self.schedulers)
-            if (store := config.store).kind == "redis" and store.redis_url
+            if (store := config.store).kind == "redis" and store.redis_url and config.coordination.enabled
             else None
         )
 

@@ -144,7 +144,7 @@ class PoolScheduler:
         deadline = effective_deadline(ticket, slo)
         entry = Entry(ticket, slo, deadline, weight, now, charge, exclude=excluded, requeued=requeued)
         self.rate.configure(settings.queue)
-        victim = self.guard.admit(entry, now, self._available())
+        victim = self.guard.admit(entry, now, self._capacity())
         waiter = self._waiters[entry] = Waiter(anyio.Event())
         if victim is not None:
             self._fail(victim, displaced_error())
@@ -229,7 +229,7 @@ class PoolScheduler:
         now = self.clock()
         self.rate.configure(settings.queue)
         if self.queue and now >= self._next_sweep:
-            for entry, err in self.guard.sweep(now, self._available(), self._sweep_slot_wait(settings)):
+            for entry, err in self.guard.sweep(now, self._capacity(), self._sweep_slot_wait(settings)):
                 self._fail(entry, err)
             self._next_sweep = now + settings.queue.recheck_interval_s
             self.dispatcher.standing.recent.forget(now, settings.fairness.share_window_s)
@@ -400,6 +400,15 @@ class PoolScheduler:
 
     def _available(self) -> int:
         return sum(1 for b in self.backends if b.available)
+
+    def _capacity(self) -> float:
+        """The available backends this pool's queue drains into: all of them, or this replica's part of
+        them (its shares) when replicas share the engines — each queue then predicts at its own pace."""
+        available = self._available()
+        if self.shares is None:
+            return available
+        limits = {url: lim.limit for url, lim in self.limits.items()}
+        return available * self.shares.pace([b.url for b in self.backends], limits)
 
     def _round_tokens(self, budgets: PoolBudgets) -> int:
         return budgets.prefill_tokens_per_round * max(1, self._available())

@@ -21,6 +21,11 @@ class ReplicaShares(Protocol):
         """This replica's part (0..1) of the pool's budgets (`limits`: the local limits by URL)."""
         ...
 
+    def pace(self, urls: list[str], limits: dict[str, int]) -> float:
+        """This replica's part (0..1) of the pool's engines for predicting its queue's waits: its share,
+        at least an even split (a share lags a sudden rise of demand by a refresh or two)."""
+        ...
+
     def follows(self, url: str) -> int | None:
         """The engine's limit to adopt when another replica owns it; None when this one does."""
         ...

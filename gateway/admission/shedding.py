@@ -1,14 +1,15 @@
 """Honest early rejection: who may enter a pool's queue, and who must leave it before being served.
 
 Predicted start = now + (prefill tokens the queue dispatches first, SLOQueue.projected) / (per-backend
-prefill rate × available backends); predicted first token = start + own prefill tokens / per-backend
+prefill rate × available backends — this replica's part of them when replicas share the engines, one
+backend's worth when none is available); predicted first token = start + own prefill tokens / per-backend
 rate. A request of a class that sheds by deadline is refused (429 `slo_unattainable`) as soon as its
-predicted first token falls after its deadline: at enqueue, and again on every sweep while it waits —
-unless nothing is queued ahead of it (the head) and either a backend has room, when it starts now whatever
-the prediction, or it waits only for a slot that the backends' recent turnover frees in time for its own
-prefill at the engine's nominal rate. Past the head the slots are predicted too: the requests ahead take
-the free slots first, and the ones lacking free at the pool's recent turnover — when decodes hold every
-slot (or a tenant is held to its share), that, not prefill, is the wait.
+predicted first token falls after its deadline: at enqueue, and again on every sweep while it waits — unless
+nothing is queued ahead of it (the head) and either a backend has room, when it starts now whatever the
+prediction, or it waits only for a slot that the backends' recent turnover frees in time for its own prefill
+at the engine's nominal rate. Past the head the slots are predicted too: the requests ahead take the free
+slots first, and the ones lacking free at the pool's recent turnover — when decodes hold every slot (or a
+tenant is held to its share), that, not prefill, is the wait.
 Depth is capped per class; when full, a more urgent arrival displaces the newest request of the lowest
 band below it (503 `displaced`), else it is refused (503 `queue_full`). Every class is bounded by its
 max wait (503 `queue_timeout`). Every refusal is counted by (reason, class).
@@ -119,15 +120,15 @@ class QueueGuard:
         self.slot_wait = slot_wait
         self.rejections: Counter[tuple[str, str]] = Counter()
 
-    def predict(self, entry: Entry, now: float, backends: int, ahead: int | None = None) -> Prediction:
+    def predict(self, entry: Entry, now: float, backends: float, ahead: int | None = None) -> Prediction:
         """`ahead` defaults to the queue's projection for `entry` (SLOQueue.projected)."""
         per_backend = self.rate.at(now)
         if ahead is None:
             ahead = self.queue.prefill_ahead(entry)
-        start = now + ahead / (per_backend * max(1, backends))
+        start = now + ahead / (per_backend * (backends if backends > 0 else 1))
         return Prediction(ahead, start, start + entry.prompt_tokens / per_backend)
 
-    def admit(self, entry: Entry, now: float, backends: int) -> Entry | None:
+    def admit(self, entry: Entry, now: float, backends: float) -> Entry | None:
         """Queue `entry` or raise its refusal; returns the entry it displaced (already removed), if any."""
         self.queue.stamp(entry)
         if entry.requeued:
@@ -158,7 +159,7 @@ class QueueGuard:
         return victim
 
     def sweep(
-        self, now: float, backends: int, slot_wait: SlotWait | None = None
+        self, now: float, backends: float, slot_wait: SlotWait | None = None
     ) -> list[tuple[Entry, ApiError]]:
         """Remove every waiting entry past its max wait or that can no longer meet its deadline (the head
         judged by its slot wait, see the class). `slot_wait` replaces the guard's own for this sweep (the
@@ -191,7 +192,7 @@ class QueueGuard:
         self,
         entry: Entry,
         now: float,
-        backends: int,
+        backends: float,
         ahead: int,
         entries_ahead: int,
         slot_wait: SlotWait | None,

@@ -106,6 +106,10 @@ class Shares:
         total = sum(self.limit(u, limits[u]) for u in urls)
         return 1.0 if total <= 0 else min(1.0, sum(self.granted(u, limits[u]) for u in urls) / total)
 
+    def pace(self, urls: list[str], limits: dict[str, int]) -> float:
+        """`fraction`, at least 1 / the live replicas: the pace this replica's queue predicts with."""
+        return max(self.fraction(urls, limits), 1.0 / self.seen_replicas)
+
     def describe(self, url: str, local_limit: int) -> dict[str, Any]:
         """The /admin/state view of one backend's shared budget."""
         lease = self.leases.get(url)

@@ -89,3 +89,12 @@ def test_nudge_asks_the_coordinator_for_an_early_refresh() -> None:
     shares.on_want = lambda: asked.append(True)
     shares.nudge()
     assert asked == [True]
+
+
+def test_the_queue_predicts_at_its_share_and_at_least_an_even_split() -> None:
+    clock = Clock()
+    shares = Shares("me", 3.0, 1, clock)
+    shares.leased("a", lease(9, until=103.0, replicas=3))
+    assert shares.pace(["a"], {"a": 12}) == pytest.approx(9 / 12)
+    shares.leased("a", lease(1, until=103.0, replicas=3))
+    assert shares.pace(["a"], {"a": 12}) == pytest.approx(1 / 3)
