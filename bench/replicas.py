@@ -255,8 +255,9 @@ async def _sawtooth(bench: Bench, setups: list[tuple[int, str, dict[str, Any], s
         lines.append(
             f"| {n} | {label} | {peaks[(label, n)]:.2f} | "
             f"{'—' if not base or n == 1 else f'{peaks[(label, n)] / base:.0%}'} "
-            f"| {good / max(1, sent):.1%} | {rejected / max(1, sent):.1%} | {watch.over} "
-            f"| {sorted(watch.limits)} |"
+            f"| {good / max(1, sent):.1%} | {rejected / max(1, sent):.1%} "
+            f"| {watch.over if watch.limits else '—'} "
+            f"| {'—' if not watch.limits else f'{min(watch.limits)}–{max(watch.limits)}'} |"
         )
         print(lines[-1], flush=True)
     lines.append("")
