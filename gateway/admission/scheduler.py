@@ -23,7 +23,7 @@ from gateway.admission.dispatch import Dispatcher
 from gateway.admission.fairness import VirtualTokenCounters, token_charge
 from gateway.admission.lease import DROP_OUTCOMES, Lease, Waiter
 from gateway.admission.lending import Loans
-from gateway.admission.limits import Limit, Sample, latency_ratio, make_limit
+from gateway.admission.limits import Limit, Sample, latency_ratio, make_limit, tpot_ratio
 from gateway.admission.queue import Entry, SLOQueue, effective_deadline
 from gateway.admission.rounds import BudgetCopy, Metering
 from gateway.admission.settings import AdmissionSettings, PoolBudgets
@@ -220,7 +220,8 @@ class PoolScheduler:
         if limit is not None and (outcome == Outcome.OK or outcome in DROP_OUTCOMES):
             shared = None if entry.slo.tpot_p99_s is not None else self._batch_tpot_target(backend)
             ratio = latency_ratio(entry.slo, ttft_s, tpot_s, prompt / self.rate.at(self.clock()), shared)
-            limit.update(Sample(self.clock(), in_flight, ratio, dropped=outcome in DROP_OUTCOMES))
+            tpot = tpot_ratio(entry.slo, tpot_s, shared)
+            limit.update(Sample(self.clock(), in_flight, ratio, outcome in DROP_OUTCOMES, tpot))
             backend.concurrency_limit = limit.limit
 
     def pump(self) -> None:
@@ -309,6 +310,7 @@ class PoolScheduler:
             preempted=self.preempted,
             prefill_load=self.pool_level(now, ctx.budgets),
             rejections=dict(self.rejections),
+            limit_values={url: lim.value for url, lim in self.limits.items()},
             shared=None
             if self.shares is None
             else {b.url: self.shares.describe(b.url, self.limits[b.url].limit) for b in self.backends},
@@ -477,11 +479,12 @@ class PoolScheduler:
                 if current.policy == controller:  # a reload that left the controller alone
                     current.policy = controller  # (compare by identity from now on: cheaper)
                 else:
-                    current = self.limits[b.url] = make_limit(controller, current.limit)
+                    current = self.limits[b.url] = make_limit(controller, current.value)
             if self.shares is not None and controller.algorithm != "fixed":
                 owned = self.shares.follows(b.url)  # another replica owns the engine's limit: follow it
                 if owned is not None and owned != current.limit:
                     current = self.limits[b.url] = make_limit(controller, owned)
+            current.ceiling = b.max_running_requests  # the engine's own cap: more would queue in it
             b.concurrency_limit = current.limit
 
     def _borrow(self, now: float, ctx: Decision) -> tuple[Entry, BackendState, int] | None:

@@ -268,7 +268,7 @@ class WindowPolicy(Frozen):
 
 
 class ControllerPolicy(Frozen):
-    algorithm: Literal["fixed", "aimd", "gradient"] = "gradient"
+    algorithm: Literal["fixed", "aimd", "gradient", "target"] = "target"
     initial: int = Field(default=32, ge=1)
     min: int = Field(default=4, ge=1)
     max: int = Field(default=64, ge=1)
@@ -287,11 +287,23 @@ class ControllerPolicy(Frozen):
     )
     increase: float = Field(default=1.0, gt=0, description="AIMD: additive increase per good sample.")
     cooldown_s: float = Field(default=1.0, ge=0, description="No second decrease within this many seconds.")
+    headroom: float = Field(
+        default=0.9, gt=0, le=1, description="Target: aim the TPOT ratio's P99 at this share of the SLO."
+    )
+    window: int = Field(default=32, ge=4, description="Target: recent samples whose P90 is steered.")
+    tail_window: int = Field(
+        default=256, ge=4, description="Target: samples whose P99 / P90 ratio sets the P90 aimed at."
+    )
+    gain: float = Field(
+        default=0.02, gt=0, le=1, description="Target: per sample, limit ← limit · (aim / recent P90)^gain."
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> ControllerPolicy:
         if not self.min <= self.initial <= self.max:
             raise ValueError(f"need min <= initial <= max, got {self.min}, {self.initial}, {self.max}")
+        if self.tail_window < self.window:
+            raise ValueError(f"need window <= tail_window, got {self.window}, {self.tail_window}")
         return self
 
 

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import math
+import random
 
+import anyio
 import pytest
 
-from gateway.admission.limits import AIMDLimit, FixedLimit, GradientLimit, Sample, latency_ratio, make_limit
+from gateway.admission.limits import (
+    AIMDLimit,
+    FixedLimit,
+    GradientLimit,
+    Sample,
+    TargetLimit,
+    latency_ratio,
+    make_limit,
+)
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import ControllerPolicy, SLOClass
 from gateway.pipeline import engine_latencies
@@ -137,3 +147,124 @@ def test_engine_latencies_of_a_stream_are_measured_from_dispatch() -> None:
 def test_policy_rejects_unordered_bounds() -> None:
     with pytest.raises(ValueError, match="min <= initial <= max"):
         ControllerPolicy(min=10, initial=5, max=64)
+
+
+def _target(**kw: float) -> TargetLimit:
+    base: dict[str, float] = {"window": 4, "tail_window": 8, "headroom": 0.9, "gain": 0.5, "cooldown_s": 0}
+    base.update(kw)
+    lim = make_limit(_policy("target", **base))
+    assert isinstance(lim, TargetLimit)
+    return lim
+
+
+def test_target_waits_for_a_window_then_steers_the_recent_p90_at_the_aim() -> None:
+    lim = _target()
+    for i in range(3):
+        lim.update(Sample(float(i), in_flight=16, tpot_ratio=1.8))
+    assert lim.value == 16 and lim.aim is None  # three samples: not a window yet
+    lim.update(Sample(3.0, in_flight=16, tpot_ratio=1.8))
+    # all equal: tail 1, aim 0.9, recent P90 1.8 → error 0.5 → 16 · 0.5^0.5
+    assert lim.aim == pytest.approx(0.9)
+    assert lim.recent_q90 == pytest.approx(1.8)
+    assert lim.value == pytest.approx(16 * 0.5**0.5)
+    assert lim.limit == 11
+
+
+def test_target_reads_the_tail_over_the_long_window_and_the_p90_over_the_recent_one() -> None:
+    lim = _target(gain=1.0, window=4, tail_window=20)
+    for i in range(18):
+        lim.update(Sample(float(i), in_flight=64, tpot_ratio=0.3))
+    assert lim.aim == pytest.approx(0.9) and lim.limit == 64  # error 3, clamped to 2, up to the max
+    lim.update(Sample(18.0, in_flight=64, tpot_ratio=0.6))
+    # 19 samples: Q90 (18th) 0.3, Q99 (19th) 0.6 → tail 2, aim 0.45; recent Q90 0.6 → 64 · 0.75
+    assert lim.aim == pytest.approx(0.45) and lim.value == pytest.approx(48)
+    lim.update(Sample(19.0, in_flight=48, tpot_ratio=0.9))
+    # 20 samples: Q99 (20th) 0.9 → tail 3, aim 0.3; recent Q90 0.9 → error 1/3, clamped to 1/2
+    assert lim.aim == pytest.approx(0.3) and lim.recent_q90 == pytest.approx(0.9)
+    assert lim.value == pytest.approx(24)
+
+
+def test_target_grows_only_while_in_use_and_backs_off_on_a_drop_once_per_cooldown() -> None:
+    lim = _target(cooldown_s=5.0)
+    for i in range(4):
+        lim.update(Sample(float(i), in_flight=7, tpot_ratio=0.45))  # 7 < 16 / 2: app-limited
+    assert lim.value == 16
+    lim.update(Sample(4.0, in_flight=8, tpot_ratio=0.45))  # error 2 → 16 · 2^0.5
+    assert lim.value == pytest.approx(16 * 2**0.5)
+    lim.update(Sample(5.0, in_flight=8, dropped=True))
+    assert lim.value == pytest.approx(16 * 2**0.5 * 0.9)
+    lim.update(Sample(6.0, in_flight=8, dropped=True))  # within the cooldown
+    assert lim.value == pytest.approx(16 * 2**0.5 * 0.9)
+
+
+def test_the_engines_own_cap_bounds_every_limit_without_winding_up() -> None:
+    for algorithm in ("fixed", "aimd", "gradient", "target"):
+        lim = make_limit(_policy(algorithm, initial=48, max=128, window=4, tail_window=8, cooldown_s=0))
+        lim.ceiling = 32
+        assert lim.limit == 32
+        for i in range(50):
+            lim.update(Sample(float(i), in_flight=32, latency_ratio=0.1, tpot_ratio=0.1))
+        assert lim.limit == 32
+        if algorithm != "fixed":
+            assert lim.value <= 48  # no growth hidden above the ceiling
+            lim.ceiling = None
+            assert lim.limit <= 48
+
+
+def test_target_holds_the_p99_at_the_objective_on_a_modelled_engine() -> None:
+    """A decode batch whose per-token time grows with the batch, times a lognormal spread (σ 0.3: P90
+    1.47×, P99 2.01× the median): ratio = (0.3 + limit / 100) · spread. Headroom 0.9 puts the P99 at 0.9
+    where limit ≈ 14.8. Started at 40, the controller brings the P99 of the last 1000 samples under the
+    objective and not far below it, on several seeds."""
+    for seed in range(4):
+        rng = random.Random(seed)
+        lim = make_limit(_policy("target", initial=40, max=64, window=32, tail_window=256, gain=0.02))
+        ratios, values = [], []
+        for i in range(4000):
+            ratio = (0.3 + lim.limit / 100) * math.exp(rng.gauss(0.0, 0.3))
+            lim.update(Sample(float(i), in_flight=lim.limit, tpot_ratio=ratio))
+            ratios.append(ratio)
+            values.append(lim.value)
+        last = sorted(ratios[-1000:])
+        assert 0.85 <= last[989] <= 1.0
+        assert 12 <= sum(values[-1000:]) / 1000 <= 18
+
+
+async def test_the_scheduler_caps_each_limit_at_its_engines_max_running_requests() -> None:
+    clock = FakeClock()
+    pol = policy(controller={"algorithm": "fixed", "initial": 32, "min": 1, "max": 64})
+    bs = backends(1)
+    bs[0].max_running_requests = 2  # scraped from the engine (/server_info)
+    s = PoolScheduler("interactive", bs, lambda: pol.admission, clock=clock)
+    held = [await s.acquire(ticket(prompt=1)) for _ in range(2)]
+    assert s.limits["http://b0"].limit == 2 and bs[0].concurrency_limit == 2
+    with pytest.raises(TimeoutError):
+        with anyio.fail_after(0.05):
+            await s.acquire(ticket(prompt=1))  # a third would queue in the engine: it waits here
+    bs[0].max_running_requests = None  # a scrape without it: the policy's bounds alone
+    held.append(await s.acquire(ticket(prompt=1)))
+    assert s.limits["http://b0"].limit == 32
+    for lease in held:
+        lease.release(None, "ok")
+
+
+def test_target_steers_on_tpot_alone_a_slow_first_token_does_not_move_it() -> None:
+    lim = _target()
+    for i in range(6):  # engine queueing in the first token (latency ratio 3), decode at half its target
+        lim.update(Sample(float(i), in_flight=64, latency_ratio=3.0, tpot_ratio=0.45))
+    assert lim.value == pytest.approx(16 * 2**1.5)  # three steps of 2^0.5 up, from the fourth sample on
+    no_tpot = _target()  # a class with no TPOT target anywhere in the batch: no signal
+    for i in range(8):
+        no_tpot.update(Sample(float(i), in_flight=16, latency_ratio=0.1))
+    assert no_tpot.value == 16
+
+
+async def test_the_scheduler_feeds_the_tpot_part_beside_the_whole_ratio() -> None:
+    clock = FakeClock()
+    pol = policy(controller={"algorithm": "target", "initial": 8, "min": 1, "max": 8, "window": 4})
+    s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
+    seen: list[Sample] = []
+    s.limits["http://b0"].update = seen.append  # type: ignore[method-assign]
+    lease = await s.acquire(ticket(prompt=1))
+    lease.release(None, "ok", ttft_s=4.0, tpot_s=0.03)
+    assert seen[0].tpot_ratio == pytest.approx(0.5) and seen[0].latency_ratio == pytest.approx(2.0, rel=0.01)

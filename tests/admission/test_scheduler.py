@@ -45,6 +45,7 @@ async def test_light_load_dispatches_at_once_and_release_is_idempotent() -> None
         "url": "http://b0",
         "available": True,
         "limit": None,
+        "limit_value": 32.0,
         "active": 1,
         "outstanding_tokens": 400,
         "reserved_kv_tokens": 400,

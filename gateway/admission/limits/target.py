@@ -1,0 +1,67 @@
+"""TargetLimit: aim the measured tail of the TPOT ratio at the SLO, not at a latency gradient.
+
+    ratio = TPOT / the class's TPOT target            (`signal.tpot_ratio`)
+    tail  = clamp(Q99(last tail_window ratios) / Q90(same), 1, MAX_TAIL)   the distribution's shape
+    aim   = headroom / tail                       the Q90 that puts the Q99 at headroom × objective
+    error = clamp(aim / Q90(last window ratios), 1/2, 2)
+    limit ← limit · error^gain                    per sample; growth only while in use (in_flight ≥ limit/2)
+    drop:   limit ← limit · backoff               at most once per cooldown_s
+
+The objective is a P99, but the P99 of a few dozen samples is their maximum — one stalled short answer.
+The recent Q90 moves with the load within seconds; the P99/P90 ratio is a property of the workload's
+mix (answer lengths, prefill stalls) that changes slowly, so it is read over a longer window. A small
+`gain` spreads one window's correction over several windows: a request's TPOT reflects the batch over
+its whole decode, so the signal lags the limit by a decode's length. Until `window` samples exist the
+limit stays where it started.
+
+Only TPOT: the concurrency limit sets the decode batch, and the batch sets TPOT. What the engine adds to
+a first token beyond the prompt's own prefill is the prefill queued ahead of it — the round's prefill
+budget meters that, the queue's deadline prediction holds the TTFT objective by refusing what would miss
+it, and the engine's own cap (`ceiling`) keeps requests from queueing inside the engine. Steering the
+limit on TTFT as well squeezed it to its minimum on bursts of prefill that no smaller batch would have
+shortened (decision 0450).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from gateway.admission.limits.base import Bounded, Sample
+from gateway.admission.settings import ControllerPolicy
+
+MAX_TAIL = 3.0  # a tail estimate beyond this is a handful of outliers, not the mix's shape
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Nearest-rank quantile of sorted `values` (non-empty)."""
+    return values[min(len(values), max(1, math.ceil(q * len(values)))) - 1]
+
+
+class TargetLimit(Bounded):
+    def __init__(self, policy: ControllerPolicy, start: float | None = None) -> None:
+        super().__init__(policy, start)
+        self._ratios: deque[float] = deque(maxlen=policy.tail_window)
+        self.aim: float | None = None  # observable: the Q90 aimed at, and the Q90 last measured
+        self.recent_q90: float | None = None
+
+    def update(self, sample: Sample) -> None:
+        p = self.policy
+        if sample.dropped:
+            if self._may_decrease(sample.now):
+                self._set(self._value * p.backoff, sample.now)
+            return
+        if sample.tpot_ratio is None:
+            return
+        self._ratios.append(max(sample.tpot_ratio, 1e-9))
+        if len(self._ratios) < p.window:
+            return
+        whole = sorted(self._ratios)
+        recent = sorted(list(self._ratios)[-p.window :])
+        tail = min(MAX_TAIL, max(1.0, quantile(whole, 0.99) / quantile(whole, 0.9)))
+        self.aim = p.headroom / tail
+        self.recent_q90 = quantile(recent, 0.9)
+        error = min(2.0, max(0.5, self.aim / self.recent_q90))
+        if error > 1.0 and sample.in_flight * 2 < self.limit:
+            return  # app-limited: low latency at low use says nothing about a higher limit
+        self._set(self._value * error**p.gain, sample.now)
