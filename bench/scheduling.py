@@ -14,7 +14,8 @@ Scenarios (each a flag-sized run; `--duration` is simulated seconds per run):
 - compare: per workload (seed 5:3:2, text-heavy, multi-image-heavy; Poisson on a sawtooth QPS):
   direct to the engines (cap 64), omnigate with a fixed concurrency limit for each `--sweep` value,
   omnigate adaptive (the policy's controller). Targets: adaptive ≥ 1.5× direct goodput under
-  the sawtooth peak, and ≥ 95 % of the best fixed limit's. One run's peak goodput spreads ±6 % (about
+  the sawtooth peak, ≥ 95 % of the best fixed limit's, and its TPOT P99 under the SLO. `--mix` adds a
+  workload of your own (one nothing was tuned on). One run's peak goodput spreads ±6 % (about
   100 requests decide it), as much as that target: `--repeats 3 --duration 180` runs every setting
   three times, interleaved, three times longer, and judges the means (printing each one's range).
 - flood: a low-priority flood at 3× capacity next to a high-priority stream; high TTFT P99 ≤ its SLO.
