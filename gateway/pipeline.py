@@ -28,12 +28,15 @@ from gateway.proxy import (
     Deadlines,
     OpenUpstream,
     TruncatedStream,
+    UpstreamConnectError,
     UpstreamError,
+    UpstreamStatusError,
     UpstreamTimeout,
     open_upstream,
 )
 from gateway.speech.events import SPEECH_FORMAT_HEADERS, SPEECH_HEADERS, read_json, speech_seconds
-from gateway.sse import SSERelay, error_event
+from gateway.sse import SSERelay, error_event, whole_answer_tokens
+from gateway.tenants.charge import infer
 from gateway.ticket import Outcome, Ticket, Usage
 
 if TYPE_CHECKING:
@@ -244,6 +247,9 @@ class CompletionEndpoint:
             payload = owner.kind.payload(body, lease.engine_priority)
             ticket.backend = backend.name
             ticket.dispatched_at = self.gw.clock()
+            # from here the engine may prefill it: charged if it leaves. A stream's server says when it
+            # took the request (its headers); a whole answer's says nothing until it is done.
+            ticket.reached_engine = not ticket.stream
             record.record_dispatch(ticket)
             assert owner.client is not None
             # loans and (with the prefill shield's `revoke_s`) requests not yet started are revocable,
@@ -260,8 +266,11 @@ class CompletionEndpoint:
                         headers,
                         deadlines,
                         stream=ticket.stream,
+                        accepted=functools.partial(setattr, ticket, "reached_engine", True),
                     )
             except UpstreamError as e:
+                if isinstance(e, (UpstreamConnectError, UpstreamStatusError)):
+                    ticket.reached_engine = False  # refused or never connected: the engine did nothing
                 verdict = owner.kind.judge(e, backend)
                 if verdict.backend_fault:  # verdicts come before the release (gateway/backends/circuit.py)
                     owner.record_failure(backend, ticket.dispatched_at)
@@ -293,6 +302,7 @@ class CompletionEndpoint:
             finally:
                 lease.disarm()
             if revocable is not None and revocable.cancelled_caught:
+                ticket.reached_engine = False  # the gateway took it back: its choice, not the tenant's
                 owner.record_no_verdict(backend, ticket.dispatched_at)
                 self._end(lease, deadlines, True, Usage(0, 0), Outcome.REVOKED)
                 requeued = True
@@ -331,6 +341,7 @@ class CompletionEndpoint:
         body = upstream.first
         now = self.gw.clock()
         ticket.first_token_at = ticket.finished_at = now
+        ticket.outcome = Outcome.OK
         headers = client_headers(ticket)
         media_type = upstream.response.headers.get("content-type", "application/json")
         if ticket.endpoint == "speech":  # raw audio bytes; the server's token counts in its headers
@@ -344,17 +355,18 @@ class CompletionEndpoint:
             media_type = "application/json"
             try:
                 answer, seconds = read_json(body, scan=len(body))
-                usage = answer.get("usage")
-            except (orjson.JSONDecodeError, AttributeError):
-                usage, seconds = None, None
+            except orjson.JSONDecodeError:
+                answer, seconds = None, None
+            usage = answer.get("usage") if isinstance(answer, dict) else None
             if isinstance(usage, dict):
                 ticket.usage = Usage(
                     int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
                 )
+            else:
+                infer(ticket, whole_answer_tokens(answer, self.gw.estimator.count_text))
             ticket.audio_seconds = seconds or 0.0
         if ticket.audio_seconds:
             ticket.first_audio_at = now
-        ticket.outcome = Outcome.OK
         ex.started = ex.complete = True
         ex.status = 200
         await send_json(ex.send, 200, body, headers, media_type)
@@ -369,7 +381,7 @@ class CompletionEndpoint:
         strip_usage: bool,
         deadlines: Deadlines,
     ) -> None:
-        relay = SSERelay(strip_usage)
+        relay = SSERelay(strip_usage, self.gw.estimator.count_text)
         send = ex.send
         ex.started = True
         ex.status = 200
@@ -421,5 +433,5 @@ class CompletionEndpoint:
                 ticket.usage = Usage(
                     int(relay.usage.get("prompt_tokens") or 0), int(relay.usage.get("completion_tokens") or 0)
                 )
-            else:  # cut short: charge what was generated
-                ticket.usage = Usage(ticket.cost.prompt_tokens, relay.content_chunks)
+            else:  # cut short, or a backend that never sends usage: charge what was relayed
+                infer(ticket, relay.answer_tokens())

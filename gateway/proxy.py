@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from types import TracebackType
@@ -232,8 +232,11 @@ async def open_upstream(
     deadlines: Deadlines,
     *,
     stream: bool,
+    accepted: Callable[[], None] | None = None,
 ) -> OpenUpstream:
-    """POST and wait for the first body bytes (streaming) or the whole body (non-streaming)."""
+    """POST and wait for the first body bytes (streaming) or the whole body (non-streaming). `accepted`
+    is called when a 200's headers arrive: a streaming server sends them once it has taken the request,
+    before its prefill."""
     start = time.monotonic()
     deadline = start + deadlines.total
     wait = min(deadlines.first_byte, deadlines.total) if stream else deadlines.total
@@ -249,6 +252,8 @@ async def open_upstream(
             )
             if response.status != 200:
                 raise UpstreamStatusError(response.status, await response.read())
+            if accepted is not None:
+                accepted()
             try:
                 first = await (response.content.readany() if stream else response.read())
             except aiohttp.ClientPayloadError as e:

@@ -14,6 +14,8 @@ audio chunk without its base64 payload.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -26,6 +28,31 @@ _SEP = b"\n\n"
 _NO_USAGE_END = b'"usage":null}'
 _NOT_FINISHED = b'"finish_reason":null'
 _EMPTY_CONTENT = b'"content":""'
+# A compact chunk's answer text, still JSON-escaped (an escape never spans two pieces, so pieces join).
+_TEXT = re.compile(rb'"(?:content|text|reasoning_content|arguments)":"((?:[^"\\]|\\.)*)"')
+_TEXT_FLUSH = 1 << 16  # count the kept answer text every 64 KiB: a long answer costs no more memory
+
+
+def _escaped(value: Any) -> bytes:
+    return orjson.dumps(value)[1:-1] if isinstance(value, str) and value else b""
+
+
+def _answer_text(obj: dict[str, Any]) -> bytes:
+    """The answer text (content, reasoning, tool-call arguments) of a parsed chunk or a whole answer,
+    JSON-escaped."""
+    out = b""
+    for choice in obj.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        out += _escaped(choice.get("text"))
+        delta = choice.get("delta") or choice.get("message")
+        if isinstance(delta, dict):
+            out += _escaped(delta.get("content")) + _escaped(delta.get("reasoning_content"))
+            for call in delta.get("tool_calls") or ():
+                function = call.get("function") if isinstance(call, dict) else None
+                if isinstance(function, dict):
+                    out += _escaped(function.get("arguments"))
+    return out
 
 
 def _has_content(obj: dict[str, Any]) -> bool:
@@ -42,11 +69,21 @@ def _has_content(obj: dict[str, Any]) -> bool:
     return False
 
 
+def whole_answer_tokens(obj: Any, count_text: Callable[[str], int]) -> int:
+    """Tokens of a whole (not streamed) answer's text: what a 200 without `usage` is charged."""
+    text = _answer_text(obj) if isinstance(obj, dict) else b""
+    return count_text(orjson.loads(b'"' + text + b'"')) if text else 0
+
+
 class SSERelay:
-    """Feed raw upstream bytes, get back the bytes to send to the client."""
+    """Feed raw upstream bytes, get back the bytes to send to the client. With `count_text`, it also keeps
+    the answer's text to count its tokens (`answer_tokens`): what a stream cut short is charged."""
 
     __slots__ = (
         "_buf",
+        "_count_text",
+        "_counted",
+        "_text",
         "audio",
         "content_chunks",
         "done",
@@ -57,9 +94,12 @@ class SSERelay:
         "usage",
     )
 
-    def __init__(self, strip_usage: bool) -> None:
+    def __init__(self, strip_usage: bool, count_text: Callable[[str], int] | None = None) -> None:
         self.strip_usage = strip_usage
         self._buf = b""
+        self._count_text = count_text
+        self._text = bytearray()
+        self._counted = 0
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
         self.content_chunks = 0
@@ -90,11 +130,29 @@ class SSERelay:
         rest, self._buf = self._buf, b""
         return rest
 
+    def answer_tokens(self) -> int:
+        """Tokens of the answer relayed so far: its text counted, at least one per content chunk."""
+        self._count_kept()
+        return max(self._counted, self.content_chunks)
+
+    def _keep(self, escaped: bytes) -> None:
+        if self._count_text is not None and escaped:
+            self._text += escaped
+            if len(self._text) >= _TEXT_FLUSH:
+                self._count_kept()
+
+    def _count_kept(self) -> None:
+        if self._count_text is not None and self._text:
+            self._counted += self._count_text(orjson.loads(b'"' + bytes(self._text) + b'"'))
+            self._text.clear()
+
     def _inspect(self, event: bytes, now: float) -> bool:
         """Record what the event says; False for the injected usage chunk the client must not see."""
         if self.first_token_at is not None and event.startswith(b"data: ") and _plain_content(event):
             self.content_chunks += 1
             self.last_token_at = now
+            if self._count_text is not None:
+                self._keep(b"".join(_TEXT.findall(event)))
             return True
         payload = _data_line(event)
         if payload is None:
@@ -119,6 +177,7 @@ class SSERelay:
         if isinstance(usage, dict):
             self.usage = usage
         if _has_content(obj):
+            self._keep(_answer_text(obj))
             self.content_chunks += 1
             if self.first_token_at is None:
                 self.first_token_at = now

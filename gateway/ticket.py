@@ -92,7 +92,9 @@ class Ticket:
     rtf: float | None = None  # a stream's real-time factor (gateway/speech/meter.py)
     audio_stalls: int = 0
     finished_at: float | None = None
-    usage: Usage | None = None
+    usage: Usage | None = None  # the engine's own count, else what gateway/tenants/charge.py infers
+    usage_inferred: str | None = None  # why `usage` was inferred (charge.py's reasons); None: the engine's
+    reached_engine: bool = False  # the last attempt may have run on the engine (it is charged)
     outcome: Outcome = Outcome.PENDING
     error_code: str | None = None
     error: str | None = None  # what went wrong, for the access log and failure alerts

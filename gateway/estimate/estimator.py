@@ -97,6 +97,10 @@ class Estimator:
         spoken.alpha, spoken.min_samples, spoken.max_keys = out.alpha, out.min_samples, out.max_keys
         return Estimator(policy, buckets, output=out, speech=spoken)
 
+    def count_text(self, text: str) -> int:
+        """Tokens of `text` by the policy's text counter: what an answer without usage is charged."""
+        return self._count_text(text)
+
     def profile(self, model: str) -> ModelProfile:
         """The first profile whose glob matches the model name (case-sensitive), else the defaults."""
         found = self._profiles.get(model)

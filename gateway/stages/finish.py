@@ -1,5 +1,7 @@
-"""The last stage, once per request whatever its outcome: settle the quota reservation with what the
-backend reported, then measure. Never raises: a failure here is logged, never shown to the client."""
+"""The last stage, once per request whatever its outcome: settle the quota reservation with what the engine
+did (gateway/tenants/charge.py), then measure. The two never depend on each other: a reconcile that fails
+still leaves the request measured, logged and alerted on. Never raises: a failure here is logged, never
+shown to the client."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from collections.abc import Callable
 import anyio
 
 from gateway.stages.measure import Measure
+from gateway.tenants.charge import billable
 from gateway.tenants.service import Reservation, TenantService
 from gateway.ticket import Outcome, Ticket
 
@@ -31,15 +34,14 @@ class Finish:
             ticket.finished_at = self.clock()
         if ticket.outcome == Outcome.PENDING:
             ticket.outcome = Outcome.OK
-        usage = ticket.usage
-        try:
-            if reservation is not None:
+        usage = billable(ticket)
+        if reservation is not None:
+            try:
                 with anyio.CancelScope(shield=True):
-                    await self.tenants.reconcile(
-                        reservation,
-                        usage.prompt_tokens if usage else 0,
-                        usage.completion_tokens if usage else 0,
-                    )
+                    await self.tenants.reconcile(reservation, usage.prompt_tokens, usage.completion_tokens)
+            except Exception:
+                log.exception("reconciling request %s failed", ticket.id)
+        try:
             self.measure(ticket, status, error)
         except Exception:
-            log.exception("finishing request %s failed", ticket.id)
+            log.exception("measuring request %s failed", ticket.id)

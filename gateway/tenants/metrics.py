@@ -8,7 +8,13 @@ from gateway.observability.metrics import REGISTRY
 
 STORE_UP = Gauge(
     "omnigate_tenant_store_up",
-    "1 while the tenant/quota store answers, 0 after a failed call until one succeeds.",
+    "1 while the tenant/quota store is usable, 0 while it is unreachable or refuses calls.",
+    registry=REGISTRY,
+)
+STORE_RESEEDS = Counter(
+    "omnigate_tenant_store_reseeds_total",
+    "Times the store was found to have forgotten its data (a Redis restarted without persistence) and "
+    "the configured tenants and keys were seeded again.",
     registry=REGISTRY,
 )
 STORE_ERRORS = Counter(
@@ -26,6 +32,25 @@ QUOTA_DENIALS = Counter(
     "omnigate_quota_denials_total",
     "Reservations refused, by the limit that refused them.",
     ["limit"],
+    registry=REGISTRY,
+)
+USAGE_INFERRED = Counter(
+    "omnigate_usage_inferred_total",
+    "Requests charged without the engine's usage (priced prompt + counted answer), by reason: client_left, "
+    "stream_cut, no_usage.",
+    ["reason"],
+    registry=REGISTRY,
+)
+OUTBOX_PENDING = Gauge(
+    "omnigate_ledger_outbox_pending",
+    "Charges waiting in the ledger outbox for the store to take them (failed reconciles, fail-open usage).",
+    registry=REGISTRY,
+)
+OUTBOX_EVENTS = Counter(
+    "omnigate_ledger_outbox_total",
+    "Ledger outbox events: queued (a charge the store could not take), applied (taken on a retry), "
+    "file_error (the outbox file could not be written; the entry is kept in memory).",
+    ["event"],
     registry=REGISTRY,
 )
 AUTH_FAILURES = Counter(

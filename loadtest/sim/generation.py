@@ -60,8 +60,14 @@ def int_field(body: dict[str, Any], *names: str, minimum: int = 0) -> int | None
     return None
 
 
+WORK_KEPT = 100_000  # requests the work ledger remembers (oldest dropped first)
+
+
 class Generator:
     def __init__(self, profile: Profile, runner: EngineRunner, faults: FaultInjector, seed: int) -> None:
+        # the engine's own account of the work it took, by the caller's x-request-id (GET /sim/work): what
+        # a gateway's ledger must match
+        self.work: dict[str, SimRequest] = {}
         self.profile = profile
         self.runner = runner
         self.faults = faults
@@ -119,9 +125,31 @@ class Generator:
             handle = self.runner.submit(req)
         except EngineError as exc:
             return error_response(exc.status, exc.message)
+        self._note(request.headers.get("x-request-id"), req)
         if call.stream:
             return StreamingResponse(self._stream(call, handle), media_type="text/event-stream")
         return await self._complete(call, handle, request)
+
+    def _note(self, request_id: str | None, req: SimRequest) -> None:
+        if request_id is None:
+            return
+        self.work.pop(request_id, None)  # a retry of the same request: its latest attempt counts
+        self.work[request_id] = req
+        if len(self.work) > WORK_KEPT:
+            del self.work[next(iter(self.work))]
+
+    def work_report(self) -> dict[str, dict[str, Any]]:
+        """Per request id: the prompt the engine took (`prompt_tokens`), the tokens it generated, whether
+        its prefill had started (`prefilled`), and how it ended (None while it runs)."""
+        return {
+            rid: {
+                "prompt_tokens": r.prompt_tokens,
+                "generated": r.generated,
+                "prefilled": r.admitted_at is not None,
+                "finish_reason": r.finish_reason,
+            }
+            for rid, r in self.work.items()
+        }
 
     async def _complete(self, call: Call, handle: Handle, request: Request) -> Response:
         finished = False

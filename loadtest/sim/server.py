@@ -325,6 +325,10 @@ class SimBackend:
             self.runner.abort(body["rid"])
         return Response(status_code=200)
 
+    async def work(self, request: Request) -> Response:
+        assert self.generator is not None
+        return json_response(self.generator.work_report())
+
     async def prometheus(self, request: Request) -> Response:
         peak = 0 if self.runner is None else self.runner.peak_requests
         return Response(self.metrics.render(self.engine, peak), media_type=PROMETHEUS_MEDIA_TYPE)
@@ -363,6 +367,7 @@ def create_app(config: SimConfig | None = None) -> Starlette:
         Route("/abort_request", sim.abort_request, methods=["POST"]),
         Route("/metrics", sim.prometheus, methods=["GET"]),
         Route("/admin/faults", sim.get_faults, methods=["GET"]),
+        Route("/sim/work", sim.work, methods=["GET"]),
         Route("/admin/faults", sim.set_faults, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=sim.lifespan)

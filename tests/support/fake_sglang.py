@@ -21,6 +21,7 @@ class Behaviour:
     token_delay: float = 0.0
     fail_status: int | None = None  # answer every POST with this status
     drop_after: int | None = None  # drop the connection after this many content chunks
+    send_usage: bool = True  # False: answers and streams without a `usage` object (as some servers do)
     healthy: bool = True
     dp_ranks: int = 1  # data-parallel ranks the metrics and /server_info report
     # the settings routes it has: 0.5.9 serves both, older servers only the second
@@ -125,14 +126,20 @@ def make_app(
                             "finish_reason": "length",
                         }
                     ],
-                    "usage": {
-                        "prompt_tokens": prompt_tokens,
-                        "completion_tokens": tokens,
-                        "total_tokens": prompt_tokens + tokens,
-                    },
+                    **(
+                        {
+                            "usage": {
+                                "prompt_tokens": prompt_tokens,
+                                "completion_tokens": tokens,
+                                "total_tokens": prompt_tokens + tokens,
+                            }
+                        }
+                        if b.send_usage
+                        else {}
+                    ),
                 }
             )
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        include_usage = b.send_usage and bool((body.get("stream_options") or {}).get("include_usage"))
         data = expected_stream(cid, model, tokens, include_usage, prompt_tokens)
         events = [e + b"\n\n" for e in data.split(b"\n\n")[:-1]]
 
