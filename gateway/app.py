@@ -68,10 +68,12 @@ def _routes(gw: Gateway) -> list[BaseRoute]:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        """Every pool has a backend up, and the replica is not draining (SIGTERM: gateway/drain.py)."""
+        """Every pool has a backend up, the replica is not draining (SIGTERM: gateway/drain.py), and the
+        tenant store is usable (or down under fail-open: the replica serves under local limits)."""
         pools = {name: pool.ready() for name, pool in gw.pools.items()}
-        ok = all(pools.values()) and not gw.drain.draining
-        body = {"ready": ok, "draining": gw.drain.draining, "pools": pools}
+        store_ok, store = gw.tenants.readiness()
+        ok = all(pools.values()) and not gw.drain.draining and store_ok
+        body = {"ready": ok, "draining": gw.drain.draining, "pools": pools, "store": store}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def prom(request: Request) -> Response:

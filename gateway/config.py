@@ -100,6 +100,17 @@ class StoreConfig(Frozen):
     redis_url: str | None = None
     redis_prefix: str = "omnigate:"
     redis_failure: Literal["open", "closed"] = "open"
+    outbox_path: str | None = Field(
+        None,
+        description="The ledger outbox file (charges the store could not take yet, retried until applied). "
+        "Default: beside the SQLite file (`<path>.outbox`); var/omnigate-outbox.sqlite3 for redis; "
+        "in memory for the memory store.",
+    )
+
+    def outbox_file(self) -> str | None:
+        if self.outbox_path is not None:
+            return self.outbox_path
+        return {"sqlite": self.path + ".outbox", "redis": "var/omnigate-outbox.sqlite3"}.get(self.kind)
 
 
 class CoordinationConfig(Frozen):

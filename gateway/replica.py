@@ -155,6 +155,8 @@ class Gateway:
                 tg.start_soon(self._gauges_loop)
                 if self.coordinator is not None:
                     tg.start_soon(self.coordinator.run)
+                tg.start_soon(self.tenants.run_outbox)
+                tg.start_soon(self.tenants.run_store_watch)
                 if self.config.watch_policy:
                     tg.start_soon(self.policy.watch_file)
                 tg.start_soon(self.policy.watch_sighup)

@@ -6,7 +6,11 @@ the same expectations. Times come from the caller's clock so all replicas and te
 
 Keys: 1 bucket hash (`<limit>:l` level, `<limit>:t` stamp), 2 concurrency zset (reservation id scored by
 its lease deadline, so a crashed replica's slots expire), 3 day ledger hash, 4 month ledger hash
-(fields in, out, req). A limit of -1 means "not set".
+(fields in, out, req), 5 (settle, record) the reservation's applied mark: a script that finds it set
+does nothing, so a retried reconcile or a replayed fail-open charge is applied once. A reserve finds its
+own id in the concurrency set when it is a retry (a reply lost to a broken connection) and takes nothing
+again. Every script may therefore be retried. A limit of -1 means
+"not set".
 """
 
 from __future__ import annotations
@@ -25,9 +29,12 @@ local NAMES = {'input_tpm', 'output_tpm', 'total_tpm', 'rpm'}
 
 # ARGV: now, in, out, lim_in, lim_out, lim_total, lim_rpm, max_concurrent, daily, monthly,
 #       reservation_id, lease_until, to_next_day, to_next_month, ledger_ttl, bucket_ttl
+# -> {0, limit, wait} or {1, the four bucket levels after it ('' unset), tokens used today, this month}:
+#    the last known state a replica's fail-open limits start from
 RESERVE = (
     _LEVEL
     + """
+if redis.call('ZSCORE', KEYS[2], ARGV[11]) then return {1, '', '', '', '', 0, 0} end  -- a retry: taken
 local now = tonumber(ARGV[1])
 local amt_in, amt_out = tonumber(ARGV[2]), tonumber(ARGV[3])
 local amounts = {amt_in, amt_out, amt_in + amt_out, 1}
@@ -61,9 +68,11 @@ if monthly >= 0 and used(KEYS[4]) + math.min(total, monthly) > monthly then
   deny('monthly_tokens', tonumber(ARGV[14]))
 end
 if worst then return {0, worst, fmt(worst_wait)} end
+local after = {'', '', '', ''}
 for i = 1, 4 do
   if levels[i] then
-    redis.call('HSET', KEYS[1], NAMES[i] .. ':l', fmt(levels[i] - amounts[i]), NAMES[i] .. ':t', ARGV[1])
+    after[i] = fmt(levels[i] - amounts[i])
+    redis.call('HSET', KEYS[1], NAMES[i] .. ':l', after[i], NAMES[i] .. ':t', ARGV[1])
   end
 end
 redis.call('EXPIRE', KEYS[1], ARGV[16])
@@ -75,14 +84,15 @@ for k = 3, 4 do
   redis.call('HINCRBY', KEYS[k], 'req', 1)
   redis.call('EXPIRE', KEYS[k], ARGV[15])
 end
-return {1}
+return {1, after[1], after[2], after[3], after[4], used(KEYS[3]), used(KEYS[4])}
 """
 )
 
-# ARGV: now, res_in, res_out, act_in, act_out, lim_in, lim_out, lim_total, reservation_id
+# ARGV: now, res_in, res_out, act_in, act_out, lim_in, lim_out, lim_total, reservation_id, mark_ttl
 SETTLE = (
     _LEVEL
     + """
+if not redis.call('SET', KEYS[5], '1', 'NX', 'EX', ARGV[10]) then return 0 end
 local now = tonumber(ARGV[1])
 local res_in, res_out = tonumber(ARGV[2]), tonumber(ARGV[3])
 local act_in, act_out = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -105,6 +115,18 @@ end
 return 1
 """
 )
+
+# KEYS: day ledger, month ledger, applied mark. ARGV: in, out, ledger_ttl, mark_ttl
+RECORD = """
+if not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[4]) then return 0 end
+for k = 1, 2 do
+  redis.call('HINCRBY', KEYS[k], 'in', ARGV[1])
+  redis.call('HINCRBY', KEYS[k], 'out', ARGV[2])
+  redis.call('HINCRBY', KEYS[k], 'req', 1)
+  redis.call('EXPIRE', KEYS[k], ARGV[3])
+end
+return 1
+"""
 
 # ARGV: now, lim_in, lim_out, lim_total, lim_rpm -> levels as strings ('' for unset limits), active count
 LEVELS = (

@@ -5,8 +5,13 @@ channel and every replica drops that entry on receipt (well under a second). Whe
 breaks, the cache is cleared on reconnect, since messages may have been missed. A read that started
 before an invalidation is not cached (generation check), so a stale value cannot outlive the message.
 
-Any connection failure raises StoreUnavailable; after one, the store does not touch Redis again for
-`retry_interval` seconds (so a dead Redis costs nothing per request), then tries again by itself.
+Any connection failure raises StoreUnavailable, an error answer (out of memory, read-only, loading)
+StoreUnusable; after one, the store does not touch Redis again for `retry_interval` seconds (so a dead
+Redis costs nothing per request), then tries again by itself. A lost subscription clears nothing at once:
+the entries cached before it stay usable while Redis cannot be asked (so a key that worked keeps working
+across a reconnect), and are dropped once Redis answers again. `check` (every second) beats this
+replica's heartbeat, counts the live replicas and notices a Redis that forgot its data (the `seeded` key
+is gone).
 Concurrency slots are leases: a replica renews its open ones every lease/3 seconds, so a crashed
 replica's slots expire instead of leaking.
 """
@@ -17,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import typing
 import uuid
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -25,8 +31,11 @@ from typing import Any, TypeVar
 import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.tenants import heartbeat
+from gateway.tenants.failopen import Known
 from gateway.tenants.models import KeyRecord, Quotas, TenantSpec
 from gateway.tenants.quota import (
     BUCKET_LIMITS,
@@ -38,14 +47,19 @@ from gateway.tenants.quota import (
     seconds_to_next_day,
     seconds_to_next_month,
 )
-from gateway.tenants.redis_scripts import LEVELS, RESERVE, SETTLE
-from gateway.tenants.store import Store, StoreUnavailable
+from gateway.tenants.redis_scripts import LEVELS, RECORD, RESERVE, SETTLE
+from gateway.tenants.store import Health, Store, StoreState, StoreUnavailable, StoreUnusable
 
 log = logging.getLogger("omnigate.tenants.redis")
 T = TypeVar("T")
 OUTAGE_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 LEDGER_TTL_S = 400 * 86400
 BUCKET_TTL_S = 3600
+# How long a reservation's applied mark is kept: a first reconcile's for an hour (the retry of one whose
+# answer was lost comes within seconds of Redis answering again; a mark per request costs memory), a
+# replay's for two days (replays are few, and may repeat after a restart).
+FIRST_MARK_TTL_S = 3600
+REPLAY_MARK_TTL_S = 2 * 86400
 
 
 def _text(value: bytes | str) -> str:
@@ -78,26 +92,35 @@ class RedisStore(Store):
         self.socket_timeout = socket_timeout
         self.channel = prefix + "changes"
         self.replica_id = uuid.uuid4().hex
-        # A blocking pool: a burst of admissions waits for a free connection instead of failing.
+        # A blocking pool: a burst of admissions waits for a free connection instead of failing. A command
+        # on a broken connection (a pooled one Redis dropped when it restarted) is sent once more on a new
+        # one — every call here may be repeated (redis_scripts.py) — so a restart costs no request a 503.
         pool = aioredis.BlockingConnectionPool.from_url(
             url,
             max_connections=max_connections,
             timeout=socket_timeout,
             socket_connect_timeout=socket_timeout,
             socket_timeout=socket_timeout,
+            retry_on_error=[RedisConnectionError],
         )
         self.redis: aioredis.Redis = aioredis.Redis(connection_pool=pool)
         self._reserve = self.redis.register_script(RESERVE)
         self._settle = self.redis.register_script(SETTLE)
         self._levels = self.redis.register_script(LEVELS)
+        self._record = self.redis.register_script(RECORD)
+        self._beat = self.redis.register_script(heartbeat.BEAT)
         self._tenants: dict[str, TenantSpec] = {}
         self._keys: dict[str, KeyRecord] = {}
+        # what was cached before the subscription broke: served only while Redis cannot be asked
+        self._stale_tenants: dict[str, TenantSpec] = {}
+        self._stale_keys: dict[str, KeyRecord] = {}
+        self._known: dict[str, Known] = {}
         self._generation = 0
         self._leases: dict[str, str] = {}
         self._down_until = 0.0
         self._tasks: list[asyncio.Task[None]] = []
         self.subscribed = asyncio.Event()
-        self.on_outage: Callable[[bool], None] = lambda down: None
+        self.on_state: Callable[[StoreState], None] = lambda state: None
 
     # -- plumbing ---------------------------------------------------------------------------------
     def _tenant_key(self, tenant_id: str) -> str:
@@ -107,17 +130,25 @@ class RedisStore(Store):
         base = f"{self.prefix}q:{{{tenant_id}}}:"
         return [base + "bucket", base + "conc", base + "day:" + day_of(ts), base + "month:" + month_of(ts)]
 
+    def _mark_key(self, tenant_id: str, reservation_id: str) -> str:
+        return f"{self.prefix}q:{{{tenant_id}}}:applied:{reservation_id}"
+
     async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
         if time.monotonic() < self._down_until:
             raise StoreUnavailable("redis unavailable (backing off)")
         try:
             result = await op()
         except OUTAGE_ERRORS as e:
-            self._down_until = time.monotonic() + self.retry_interval
-            self.on_outage(True)
-            raise StoreUnavailable(f"redis unavailable: {type(e).__name__}") from None
-        self.on_outage(False)
+            self._failed(StoreUnavailable(f"redis unavailable: {type(e).__name__}"))
+        except ResponseError as e:
+            self._failed(StoreUnusable(f"redis refused: {e}"))
+        self.on_state("up")
         return result
+
+    def _failed(self, error: StoreUnavailable) -> typing.NoReturn:
+        self._down_until = time.monotonic() + self.retry_interval
+        self.on_state(error.state)
+        raise error from None
 
     async def _publish(self, kind: str, ident: str) -> None:
         self._invalidate(kind, ident)
@@ -128,13 +159,19 @@ class RedisStore(Store):
         self._generation += 1
         if kind == "tenant":
             self._tenants.pop(ident, None)
-            for key_hash in [h for h, r in self._keys.items() if r.tenant_id == ident]:
-                del self._keys[key_hash]
+            self._stale_tenants.pop(ident, None)
+            for keys in (self._keys, self._stale_keys):
+                for key_hash in [h for h, r in keys.items() if r.tenant_id == ident]:
+                    del keys[key_hash]
         else:
             self._keys.pop(ident, None)
+            self._stale_keys.pop(ident, None)
 
     def _clear_caches(self) -> None:
+        """Messages may have been missed: keep what was cached for use only while Redis is unreachable."""
         self._generation += 1
+        self._stale_tenants.update(self._tenants)
+        self._stale_keys.update(self._keys)
         self._tenants.clear()
         self._keys.clear()
 
@@ -155,13 +192,18 @@ class RedisStore(Store):
         await self.redis.aclose()
 
     async def _listen(self) -> None:
-        """Keep one subscription alive; every message drops one cache entry."""
+        """Keep one subscription alive; every message drops one cache entry. Its loss is logged once."""
+        lost = False
         while True:
             pubsub = self.redis.pubsub()
             try:
                 await pubsub.subscribe(self.channel)
                 self._clear_caches()
+                self._down_until = 0.0  # Redis answers: the request path need not wait out its back-off
                 self.subscribed.set()
+                if lost:
+                    log.warning("tenant change subscription restored")
+                    lost = False
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is not None and msg.get("type") == "message":
@@ -169,12 +211,14 @@ class RedisStore(Store):
                         if change.pop("src", None) != self.replica_id:  # our own writes invalidated already
                             for kind, ident in change.items():
                                 self._invalidate(kind, ident)
-            except OUTAGE_ERRORS as e:
+            except (*OUTAGE_ERRORS, ResponseError) as e:
                 self.subscribed.clear()
-                log.warning("tenant change subscription lost (%s); retrying", type(e).__name__)
+                if not lost:
+                    log.warning("tenant change subscription lost (%s); retrying", type(e).__name__)
+                    lost = True
                 await asyncio.sleep(0.5)
             finally:
-                with contextlib.suppress(*OUTAGE_ERRORS):
+                with contextlib.suppress(*OUTAGE_ERRORS, ResponseError):
                     await pubsub.aclose()
 
     async def _renew_leases(self) -> None:
@@ -188,11 +232,19 @@ class RedisStore(Store):
                 for key, leases in by_key.items():
                     await self._call(partial(self.redis.zadd, key, leases, xx=True))
 
-    async def _cached(self, cache: dict[str, Any], ident: str, load: Callable[[], Awaitable[Any]]) -> Any:
+    async def _cached(
+        self, cache: dict[str, Any], stale: dict[str, Any], ident: str, load: Callable[[], Awaitable[Any]]
+    ) -> Any:
         if ident in cache:
             return cache[ident]
         generation = self._generation
-        value = await self._call(load)
+        try:
+            value = await self._call(load)
+        except StoreUnavailable:
+            if ident in stale:  # cached before the subscription broke; Redis cannot say otherwise now
+                return stale[ident]
+            raise
+        stale.pop(ident, None)
         if value is not None and generation == self._generation:
             cache[ident] = value
         return value
@@ -212,7 +264,7 @@ class RedisStore(Store):
 
     async def get_tenant(self, tenant_id: str) -> TenantSpec | None:
         spec: TenantSpec | None = await self._cached(
-            self._tenants, tenant_id, lambda: self._load_tenant(tenant_id)
+            self._tenants, self._stale_tenants, tenant_id, lambda: self._load_tenant(tenant_id)
         )
         return spec
 
@@ -268,7 +320,7 @@ class RedisStore(Store):
             raw = await self.redis.get(f"{self.prefix}key:{key_hash}")
             return KeyRecord.model_validate_json(raw) if raw else None
 
-        record: KeyRecord | None = await self._cached(self._keys, key_hash, load)
+        record: KeyRecord | None = await self._cached(self._keys, self._stale_keys, key_hash, load)
         return record
 
     async def list_keys(self, tenant_id: str) -> list[KeyRecord]:
@@ -309,8 +361,36 @@ class RedisStore(Store):
         result = await self._call(lambda: self._reserve(keys=self._quota_keys(tenant_id, now), args=args))
         if int(result[0]) == 1:
             self._leases[reservation_id] = tenant_id
+            levels = {n: float(v) for n, v in zip(BUCKET_LIMITS, result[1:5], strict=True) if v}
+            if levels or int(result[5]):  # a retry's answer carries no state
+                self._known[tenant_id] = Known(levels, int(result[5]), int(result[6]), now)
             return None
         return Denial(result[1].decode(), float(result[2]))
+
+    def known(self, tenant_id: str) -> Known | None:
+        return self._known.get(tenant_id)
+
+    # -- health -----------------------------------------------------------------------------------
+    async def check(self, now: float) -> Health:
+        """Beat, count live replicas, and see whether Redis still holds what was seeded."""
+
+        async def probe() -> tuple[int, bool]:
+            replicas = await heartbeat.beat(self._beat, self.prefix + "replicas", self.replica_id, now)
+            return replicas, not await self.redis.exists(self.prefix + "seeded")
+
+        self._down_until = 0.0  # the check is what notices a recovery: it never waits out the back-off
+        try:
+            replicas, emptied = await self._call(probe)
+        except StoreUnavailable as e:
+            return Health(e.state)
+        if emptied:  # nothing cached is true any more
+            self._clear_caches()
+            self._stale_tenants.clear()
+            self._stale_keys.clear()
+        return Health("up", replicas, emptied)
+
+    async def mark_seeded(self) -> None:
+        await self._call(lambda: self.redis.set(self.prefix + "seeded", "1"))
 
     async def settle(
         self,
@@ -321,6 +401,7 @@ class RedisStore(Store):
         reserved_at: float,
         now: float,
         reservation_id: str,
+        replay: bool = False,
     ) -> None:
         args: list[str | int | float] = [
             repr(now),
@@ -330,9 +411,16 @@ class RedisStore(Store):
             actual.output_tokens,
             *(_limit(getattr(quotas, name)) for name in BUCKET_LIMITS[:3]),
             reservation_id,
+            REPLAY_MARK_TTL_S if replay else FIRST_MARK_TTL_S,
         ]
         self._leases.pop(reservation_id, None)
-        await self._call(lambda: self._settle(keys=self._quota_keys(tenant_id, reserved_at), args=args))
+        keys = [*self._quota_keys(tenant_id, reserved_at), self._mark_key(tenant_id, reservation_id)]
+        await self._call(lambda: self._settle(keys=keys, args=args))
+
+    async def record_usage(self, tenant_id: str, reservation_id: str, ts: float, usage: Charge) -> None:
+        keys = [*self._quota_keys(tenant_id, ts)[2:], self._mark_key(tenant_id, reservation_id)]
+        args = [usage.input_tokens, usage.output_tokens, LEDGER_TTL_S, REPLAY_MARK_TTL_S]
+        await self._call(lambda: self._record(keys=keys, args=args))
 
     async def _levels_and_active(self, tenant_id: str, quotas: Quotas, now: float) -> list[Any]:
         args: list[str | int | float] = [

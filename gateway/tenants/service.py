@@ -2,11 +2,14 @@
 
 Request path: authenticate → check_access → effective_priority → reserve → (request runs) → reconcile.
 It applies policy defaults to stored tenants, turns store outages into the configured failure mode
-(fail-open: local in-memory limits; fail-closed: 503) and keeps every plaintext key out of logs.
+(fail-open: local in-memory limits; fail-closed: 503), never loses a charge (what the store cannot take
+goes to the outbox and is replayed until applied) and keeps every plaintext key out of logs.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import fnmatch
 import logging
 import time
@@ -16,17 +19,28 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import anyio
 from pydantic import Field, ValidationError
 
 from gateway.config import StoreConfig
 from gateway.errors import ApiError, ErrorCode
 from gateway.schema import describe
-from gateway.tenants import metrics
+from gateway.tenants import failopen, metrics
 from gateway.tenants.memory_store import MemoryStore
-from gateway.tenants.models import KeyRecord, Tenant, TenantCreate, TenantPatch, TenantSpec, hash_key, new_key
+from gateway.tenants.models import (
+    KeyRecord,
+    Quotas,
+    Tenant,
+    TenantCreate,
+    TenantPatch,
+    TenantSpec,
+    hash_key,
+    new_key,
+)
+from gateway.tenants.outbox import Entry, Outbox
 from gateway.tenants.quota import BUCKET_LIMITS, LIMIT_TEXT, Charge, Denial, QuotaBook
 from gateway.tenants.settings import TenantDefaults
-from gateway.tenants.store import Store, StoreUnavailable
+from gateway.tenants.store import Health, Store, StoreState, StoreUnavailable
 from gateway.tenants.usage import usage_report
 
 log = logging.getLogger("omnigate.tenants")
@@ -99,17 +113,24 @@ class TenantService:
         failure: Literal["open", "closed"] = "open",
         clock: Callable[[], float] = time.time,
         bootstrap: list[BootstrapTenant] | None = None,
+        outbox: Outbox | None = None,
     ) -> None:
         self.store = store
+        self.outbox = outbox or Outbox()
+        self._replay_failed: set[str] = set()  # outbox entries whose failure was logged already
         self.defaults = defaults or TenantDefaults()
         self._anonymous: Tenant | None = None
         self.failure = failure
         self.clock = clock
         self.bootstrap = bootstrap or []
         self.local = QuotaBook()
-        self.store_up = True
-        if hasattr(store, "on_outage"):
-            store.on_outage = self._on_outage
+        self._local_quotas: dict[str, Quotas] = {}  # each tenant's fail-open share in this outage
+        self.store_state: StoreState = "up"
+        self.replicas = 1  # live replicas sharing the store, as its last check saw them
+        self._bootstrap_hashes = {hash_key(k) for entry in self.bootstrap for k in entry.keys}
+        self._checking = asyncio.Lock()
+        if hasattr(store, "on_state"):
+            store.on_state = self._on_state
 
     @classmethod
     def from_config(
@@ -126,14 +147,20 @@ class TenantService:
             failure=store.redis_failure,
             clock=clock,
             bootstrap=parse_bootstrap(bootstrap),
+            outbox=Outbox(store.outbox_file()),
         )
 
     async def start(self) -> None:
+        await self.outbox.open()
         await self.store.start()
         try:
             await self._bootstrap()
         except StoreUnavailable:
             log.error("bootstrap tenants not applied: tenant store %s unreachable", self.store.kind)
+
+    @property
+    def store_up(self) -> bool:
+        return self.store_state == "up"
 
     async def _bootstrap(self) -> None:
         for entry in self.bootstrap:
@@ -143,9 +170,50 @@ class TenantService:
                 if await self.store.key_by_hash(hash_key(plaintext)) is None:
                     record, _ = new_key(entry.id, "bootstrap", self.clock(), plaintext)
                     await self.store.add_key(record)
+        await self.store.mark_seeded()
+
+    async def _reseed(self) -> None:
+        """The store forgot its data (a Redis restarted without persistence): seed the config's tenants
+        and keys again. Tenants created through the admin API are gone with it; an operator restores them."""
+        metrics.STORE_RESEEDS.inc()
+        log.error(
+            "tenant store %s lost its data: %d configured tenants seeded again; tenants created through "
+            "the admin API must be restored",
+            self.store.kind,
+            len(self.bootstrap),
+        )
+        await self._bootstrap()
+
+    async def check_store(self) -> Health:
+        """Check the store once: its state, the live replicas, and whether it forgot its data — then the
+        configured tenants and keys are seeded again at once."""
+        async with self._checking:
+            health = await self.store.check(self.clock())
+            if health.state == "up":
+                self.replicas = health.replicas
+                if health.emptied:
+                    with contextlib.suppress(StoreUnavailable):
+                        await self._reseed()
+        self._on_state(health.state)
+        return health
+
+    async def run_store_watch(self, interval: float = 1.0) -> None:
+        """`check_store` every `interval` seconds (forever; cancel to stop)."""
+        while True:
+            await self.check_store()
+            await anyio.sleep(interval)
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Whether this replica can serve as far as the store goes, and what /readyz shows of it: not
+        when the store answers but refuses (it looks up but is not usable), nor when it is down and the
+        failure mode is closed (every request would get 503)."""
+        ready = self.store_state == "up" or (self.store_state == "down" and self.failure == "open")
+        body = {"state": self.store_state, "failure_mode": self.failure, "replicas": self.replicas}
+        return ready, body
 
     async def close(self) -> None:
         await self.store.close()
+        await self.outbox.close()
 
     def set_defaults(self, defaults: TenantDefaults) -> None:
         """Call on policy reload: tenants that left a field unset follow the new default."""
@@ -153,15 +221,30 @@ class TenantService:
         self._anonymous = None
 
     # -- failure handling -------------------------------------------------------------------------
-    def _on_outage(self, down: bool) -> None:
-        if down == (not self.store_up):
+    def _on_state(self, state: StoreState) -> None:
+        """A store call or check found the store `state`: each change is logged once and counted."""
+        if state == self.store_state:
             return
-        self.store_up = not down
-        metrics.STORE_UP.set(0 if down else 1)
-        if down:
-            log.error("tenant store %s unreachable; failure mode: fail-%s", self.store.kind, self.failure)
-        else:
-            log.warning("tenant store %s reachable again", self.store.kind)
+        was, self.store_state = self.store_state, state
+        metrics.STORE_UP.set(1 if state == "up" else 0)
+        if state == "up":
+            log.warning("tenant store %s usable again (was %s)", self.store.kind, was)
+            return
+        if was == "up":  # a new outage: fail-open shares start again from the last known state
+            self.local = QuotaBook()
+            self._local_quotas.clear()
+        what = "unreachable" if state == "down" else "reachable but refusing calls"
+        log.error("tenant store %s %s; failure mode: fail-%s", self.store.kind, what, self.failure)
+
+    def _local(self, tenant: Tenant) -> Quotas:
+        """The tenant's fail-open limits on this replica (gateway/tenants/failopen.py), seeded on first use
+        in an outage."""
+        quotas = self._local_quotas.get(tenant.id)
+        if quotas is None:
+            known = self.store.known(tenant.id)
+            quotas = self._local_quotas[tenant.id] = failopen.share(tenant.quotas, self.replicas, known)
+            failopen.seed(self.local, tenant.id, self.replicas, known)
+        return quotas
 
     @contextmanager
     def _store_errors(self, operation: str) -> Iterator[None]:
@@ -183,8 +266,12 @@ class TenantService:
             raise ApiError(
                 401, "Missing API key: send 'Authorization: Bearer <key>'.", code=ErrorCode.MISSING_API_KEY
             )
+        key_hash = hash_key(token)
         with self._store_errors("authenticate"):
-            record = await self.store.key_by_hash(hash_key(token))
+            record = await self.store.key_by_hash(key_hash)
+            if record is None and key_hash in self._bootstrap_hashes:  # the store may have forgotten it
+                await self.check_store()  # seeds it again if so
+                record = await self.store.key_by_hash(key_hash)
             spec = await self.store.get_tenant(record.tenant_id) if record and not record.revoked else None
         if spec is None:
             metrics.AUTH_FAILURES.labels("invalid").inc()
@@ -240,7 +327,7 @@ class TenantService:
                     503, "The quota store is unavailable.", code=ErrorCode.QUOTA_STORE_UNAVAILABLE
                 ) from None
             res.local = True
-            denial = self.local.try_reserve(tenant.id, tenant.quotas, res.charge, now)
+            denial = self.local.try_reserve(tenant.id, self._local(tenant), res.charge, now)
             if denial is None:
                 metrics.FAIL_OPEN_ADMISSIONS.inc()
         if denial is not None:
@@ -257,32 +344,97 @@ class TenantService:
         try:
             return await self.store.levels(tenant.id, tenant.quotas, now)
         except StoreUnavailable:
-            return self.local.levels(tenant.id, tenant.quotas, now)
+            return self.local.levels(tenant.id, self._local(tenant), now)
 
     async def reconcile(
         self, reservation: Reservation, actual_in: int, actual_out: int, now: float | None = None
     ) -> None:
-        """Charge actual usage (an aborted stream: what was generated), return the rest, free the slot.
+        """Charge actual usage, return the rest, free the slot. Never raises: what the store cannot take
+        now goes to the outbox (retried by `run_outbox`); usage admitted under local limits (fail-open)
+        is settled locally and queued there for the store's ledger.
 
         Idempotent. `reconcile(r, 0, 0)` releases a reservation whose request never ran."""
         if reservation.settled:
             return
         reservation.settled = True
         now = self.clock() if now is None else now
-        args = (
-            reservation.tenant.id,
-            reservation.tenant.quotas,
+        tenant, actual = reservation.tenant, Charge(actual_in, actual_out)
+        entry = Entry(
+            "usage" if reservation.local else "settle",
+            reservation.id,
+            tenant.id,
+            tenant.quotas,
             reservation.charge,
-            Charge(actual_in, actual_out),
+            actual,
+            reservation.reserved_at,
+            now,
         )
         if reservation.local:
-            self.local.settle(*args, reservation.reserved_at, now)
+            self.local.settle(
+                tenant.id, self._local(tenant), reservation.charge, actual, reservation.reserved_at, now
+            )
+            await self._owe(entry, "admitted under local limits")
             return
         try:
-            await self.store.settle(*args, reservation.reserved_at, now, reservation.id)
-        except StoreUnavailable:
+            await self.store.settle(
+                tenant.id,
+                tenant.quotas,
+                reservation.charge,
+                actual,
+                reservation.reserved_at,
+                now,
+                reservation.id,
+            )
+        except Exception as e:  # whatever the store's failure, the charge is kept
             metrics.STORE_ERRORS.labels("reconcile").inc()
-            log.warning("reconcile of a reservation lost: tenant store unavailable")
+            await self._owe(entry, f"{type(e).__name__}: {e}")
+
+    async def _owe(self, entry: Entry, why: str) -> None:
+        if not self.outbox.pending:  # the first of a run: logged once, not per request
+            log.warning("ledger outbox: tenant store %s cannot take charges now (%s)", self.store.kind, why)
+        await self.outbox.put(entry)
+
+    async def replay_outbox(self) -> int:
+        """Apply the outbox's charges, oldest first, until the store refuses one for being unavailable;
+        returns how many were applied."""
+        applied = 0
+        for entry in list(self.outbox.pending.values()):
+            try:
+                if entry.kind == "settle":
+                    await self.store.settle(
+                        entry.tenant_id,
+                        entry.quotas,
+                        entry.reserved,
+                        entry.actual,
+                        entry.reserved_at,
+                        entry.now,
+                        entry.reservation_id,
+                        replay=True,
+                    )
+                else:
+                    await self.store.record_usage(
+                        entry.tenant_id, entry.reservation_id, entry.reserved_at, entry.actual
+                    )
+            except StoreUnavailable:
+                break
+            except Exception:
+                if entry.reservation_id not in self._replay_failed:
+                    self._replay_failed.add(entry.reservation_id)
+                    log.exception("ledger outbox: replaying a charge of tenant %s failed", entry.tenant_id)
+                continue
+            self._replay_failed.discard(entry.reservation_id)
+            await self.outbox.done(entry)
+            applied += 1
+        if applied and not self.outbox.pending:
+            log.warning("ledger outbox: drained, %d charges applied to %s", applied, self.store.kind)
+        return applied
+
+    async def run_outbox(self, interval: float = 1.0) -> None:
+        """Replay the outbox every `interval` seconds while it holds anything (forever; cancel to stop)."""
+        while True:
+            if self.outbox.pending:
+                await self.replay_outbox()
+            await anyio.sleep(interval)
 
     # -- administration ---------------------------------------------------------------------------
     async def list_tenants(self) -> list[TenantSpec]:

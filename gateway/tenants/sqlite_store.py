@@ -8,13 +8,18 @@ is then written to the WAL file but fsynced only at checkpoints, so it survives 
 the usual trade for not paying an fsync per request. Per-minute buckets and concurrency counts live in
 memory: they reset on restart, which only forgives at most one minute of rate.
 
-All SQL runs on one connection in a worker thread so the event loop never waits on the disk.
+All SQL runs on one connection in a worker thread so the event loop never waits on the disk. A ledger
+write waits at most `LEDGER_BUSY_MS` for a lock another process holds; a locked or failing file raises
+StoreUnavailable (the service's failure mode applies, failed reconciles go to the outbox). A first
+reconcile either commits or leaves nothing; a replay from the outbox commits its reservation id in
+`applied` (kept two days) with its ledger change, so a replay repeated after a crash charges nothing twice.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,8 +29,12 @@ import anyio.to_thread
 from gateway.tenants.memory_store import MemoryStore
 from gateway.tenants.models import KeyRecord, Quotas, TenantSpec
 from gateway.tenants.quota import Charge, Denial, LedgerRow, day_of, month_of
+from gateway.tenants.store import StoreUnavailable
 
 T = TypeVar("T")
+LEDGER_BUSY_MS = 1000
+ADMIN_BUSY_MS = 10000
+APPLIED_KEPT_S = 2 * 86400
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tenants (id TEXT PRIMARY KEY, spec TEXT NOT NULL);
@@ -33,6 +42,7 @@ CREATE TABLE IF NOT EXISTS api_keys (
     key_hash TEXT PRIMARY KEY, id TEXT NOT NULL, tenant_id TEXT NOT NULL, record TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS api_keys_tenant ON api_keys (tenant_id);
+CREATE TABLE IF NOT EXISTS applied (reservation_id TEXT PRIMARY KEY, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger (
     tenant_id TEXT NOT NULL, day TEXT NOT NULL,
     input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0,
@@ -58,12 +68,14 @@ class SQLiteStore(MemoryStore):
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self._loaded: set[tuple[str, str]] = set()
+        self._owed: set[str] = set()  # reservations settled in memory whose ledger write failed
 
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.executescript(SCHEMA)
+        conn.execute("DELETE FROM applied WHERE at < ?", (time.time() - APPLIED_KEPT_S,))
         self._conn = conn
         for (spec,) in conn.execute("SELECT spec FROM tenants"):
             tenant = TenantSpec.model_validate_json(spec)
@@ -90,18 +102,39 @@ class SQLiteStore(MemoryStore):
         return await anyio.to_thread.run_sync(call)
 
     async def _write(self, statements: list[tuple[str, tuple[Any, ...]]], durable: bool) -> None:
-        def tx(conn: sqlite3.Connection) -> None:
+        await self._transaction(statements, durable)
+
+    async def _transaction(
+        self,
+        statements: list[tuple[str, tuple[Any, ...]]],
+        durable: bool,
+        once: tuple[str, float] | None = None,
+    ) -> bool:
+        """Run the statements in one transaction. With `once` (reservation id, wall time: marks are pruned
+        by it), only if that id was never applied: False when it was (nothing written)."""
+
+        def tx(conn: sqlite3.Connection) -> bool:
             conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            conn.execute(f"PRAGMA busy_timeout={ADMIN_BUSY_MS if durable else LEDGER_BUSY_MS}")
             conn.execute("BEGIN IMMEDIATE")
             try:
+                if once is not None:
+                    conn.execute("INSERT OR IGNORE INTO applied (reservation_id, at) VALUES (?, ?)", once)
+                    if conn.execute("SELECT changes()").fetchone()[0] == 0:
+                        conn.execute("ROLLBACK")
+                        return False
                 for sql, args in statements:
                     conn.execute(sql, args)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            return True
 
-        await self._run(tx)
+        try:
+            return await self._run(tx)
+        except sqlite3.OperationalError as e:  # locked, disk full, I/O error: the file cannot take it now
+            raise StoreUnavailable(f"sqlite: {e}") from None
 
     async def create_tenant(self, spec: TenantSpec) -> bool:
         if spec.id in self.tenants:
@@ -202,15 +235,28 @@ class SQLiteStore(MemoryStore):
         reserved_at: float,
         now: float,
         reservation_id: str,
+        replay: bool = False,
     ) -> None:
-        await self._load_periods(tenant_id, reserved_at)
-        self.book.settle(tenant_id, quotas, reserved, actual, reserved_at, now)
+        if reservation_id not in self._owed:  # a retry: the memory part was done the first time
+            await self._load_periods(tenant_id, reserved_at)
+            self.book.settle(tenant_id, quotas, reserved, actual, reserved_at, now)
         delta_in = actual.input_tokens - reserved.input_tokens
         delta_out = actual.output_tokens - reserved.output_tokens
-        if delta_in or delta_out:
-            await self._write(
-                [(LEDGER_UPSERT, (tenant_id, day_of(reserved_at), delta_in, delta_out, 0))], False
-            )
+        if not (delta_in or delta_out):
+            self._owed.discard(reservation_id)
+            return
+        self._owed.add(reservation_id)
+        row = (tenant_id, day_of(reserved_at), delta_in, delta_out, 0)
+        await self._transaction(
+            [(LEDGER_UPSERT, row)], False, (reservation_id, time.time()) if replay else None
+        )
+        self._owed.discard(reservation_id)
+
+    async def record_usage(self, tenant_id: str, reservation_id: str, ts: float, usage: Charge) -> None:
+        await self._load_periods(tenant_id, ts)
+        row = (tenant_id, day_of(ts), usage.input_tokens, usage.output_tokens, 1)
+        if await self._transaction([(LEDGER_UPSERT, row)], False, (reservation_id, time.time())):
+            self.book.record(tenant_id, ts, usage.input_tokens, usage.output_tokens, 1)
 
     async def ledger(
         self, tenant_id: str, days: list[str], month: str

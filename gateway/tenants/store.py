@@ -7,13 +7,37 @@ are seconds since the epoch from the caller's clock, so tests drive every store 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal
 
+from gateway.tenants.failopen import Known
 from gateway.tenants.models import KeyRecord, Quotas, TenantSpec
 from gateway.tenants.quota import Charge, Denial, LedgerRow
 
+StoreState = Literal["up", "down", "unusable"]
+
 
 class StoreUnavailable(Exception):
-    """The store's backend (Redis) cannot be reached; the service applies the configured failure mode."""
+    """The store cannot take the call now (Redis unreachable, a SQLite file locked); the service applies
+    the configured failure mode."""
+
+    state: StoreState = "down"
+
+
+class StoreUnusable(StoreUnavailable):
+    """The store answers but refuses the call (Redis out of memory, read-only, loading its data)."""
+
+    state: StoreState = "unusable"
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """What a store's periodic check found: its state, the live replicas sharing it, and whether it has
+    forgotten its data (a Redis restarted without persistence): then the service seeds it again."""
+
+    state: StoreState = "up"
+    replicas: int = 1
+    emptied: bool = False
 
 
 class Store(ABC):
@@ -24,6 +48,18 @@ class Store(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; safe to call twice."""
+
+    async def check(self, now: float) -> Health:
+        """A periodic check (every second): a store held in this process is always up."""
+        return Health()
+
+    async def mark_seeded(self) -> None:  # noqa: B027 - optional hook: only a shared store can forget
+        """Record that the configured tenants are in the store, so that `check` sees when it forgets."""
+
+    def known(self, tenant_id: str) -> Known | None:
+        """The tenant's shared quota state as this replica last saw it (where fail-open limits start);
+        None for a store in this process, which never fails open."""
+        return None
 
     # tenants and keys
     @abstractmethod
@@ -74,8 +110,16 @@ class Store(ABC):
         reserved_at: float,
         now: float,
         reservation_id: str,
+        replay: bool = False,
     ) -> None:
-        """Reconcile a reservation with actual usage and free its concurrency slot."""
+        """Reconcile a reservation with actual usage and free its concurrency slot. May raise (the store
+        cannot take it now); calling it again for the same reservation, with `replay`, applies what was
+        not applied and never anything twice."""
+
+    @abstractmethod
+    async def record_usage(self, tenant_id: str, reservation_id: str, ts: float, usage: Charge) -> None:
+        """Add one request admitted elsewhere (under local limits while this store was down) to the
+        day/month ledger of `ts`, once per reservation id."""
 
     @abstractmethod
     async def levels(self, tenant_id: str, quotas: Quotas, now: float) -> dict[str, float]:
