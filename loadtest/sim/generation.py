@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ class Generator:
     def __init__(self, profile: Profile, runner: EngineRunner, faults: FaultInjector, seed: int) -> None:
         # the engine's own account of the work it took, by the caller's x-request-id (GET /sim/work): what
         # a gateway's ledger must match
-        self.work: dict[str, SimRequest] = {}
+        self.work: dict[str, tuple[float, SimRequest]] = {}
         self.profile = profile
         self.runner = runner
         self.faults = faults
@@ -134,21 +135,23 @@ class Generator:
         if request_id is None:
             return
         self.work.pop(request_id, None)  # a retry of the same request: its latest attempt counts
-        self.work[request_id] = req
+        self.work[request_id] = (time.time(), req)
         if len(self.work) > WORK_KEPT:
             del self.work[next(iter(self.work))]
 
     def work_report(self) -> dict[str, dict[str, Any]]:
         """Per request id: the prompt the engine took (`prompt_tokens`), the tokens it generated, whether
-        its prefill had started (`prefilled`), and how it ended (None while it runs)."""
+        its prefill had started (`prefilled`), how it ended (None while it runs) and when it arrived
+        (`at`, wall-clock seconds: the later of two engines' attempts is the one that counts)."""
         return {
             rid: {
+                "at": at,
                 "prompt_tokens": r.prompt_tokens,
                 "generated": r.generated,
                 "prefilled": r.admitted_at is not None,
                 "finish_reason": r.finish_reason,
             }
-            for rid, r in self.work.items()
+            for rid, (at, r) in self.work.items()
         }
 
     async def _complete(self, call: Call, handle: Handle, request: Request) -> Response:

@@ -167,6 +167,7 @@ def test_no_healthy_backend_is_503(start_gateway):
         "ready": False,
         "draining": False,
         "pools": {"interactive": False},
+        "store": {"state": "up", "failure_mode": "open", "replicas": 1},
     }
     resp = _post(gw.url, CHAT)
     assert resp.status_code == 503

@@ -1,0 +1,395 @@
+"""Ledger chaos benchmark: does every tenant pay for exactly the work the engines did, whatever happens?
+
+    .venv/bin/python bench/ledger.py                          # both stores, 60 s each (~3 min)
+    .venv/bin/python bench/ledger.py --stores redis --duration 20
+
+One real `omnigate serve` at a time (store: Redis, then SQLite) in front of two simulated SGLang engines
+(`python -m loadtest.sim`, default profile, `--time-scale` faster than a GPU), three tenants each sending
+text and image chats, streamed and whole, from a few concurrent clients. Each request meets a fate drawn
+at random: it completes, or its client leaves at a random moment — most land while it is queued, waiting
+for its prefill or mid-stream. Meanwhile the run injects faults: the engines fail requests before their
+first byte and cut streams (`POST /admin/faults`) for a while; the store fails — redis-server is stopped
+and started again (append-only file, so its ledger survives) or another process holds the SQLite file
+locked — for a few seconds.
+
+At the end, once the gateway's outbox is empty, it prints per tenant: the tokens its ledger charged, the
+engines' own count for its requests (`GET /sim/work`, by request id, the last attempt: its prompt if its
+prefill started, plus the tokens generated), their ratio, the requests the ledger counts against those
+sent, and whether every counter is back to zero (the tenant's concurrency, the gateway's queues and slots, the
+outbox, the engines' running requests). Targets: charged within 2 % of the engines' count per tenant, no
+request counted twice, every counter zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import random
+import sqlite3
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+import redis as redis_client
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._servers import Procs, free_port, wait_http
+
+MODEL = "qwen2.5-omni-7b"
+ADMIN = "bench-ledger-admin"
+TENANTS = ("acme", "globex", "initech")
+FATES = {"complete": 0.4, "queued": 0.2, "prefill": 0.2, "mid_stream": 0.2}
+
+
+def _png(width: int, height: int, seed: int) -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (seed * 40 % 255, 90, 160)).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+IMAGES = [_png(w, h, i) for i, (w, h) in enumerate([(640, 480), (1280, 720), (1024, 1024), (1920, 1080)])]
+PROMPTS = [
+    "Describe what you see, then list three details a careful reader might miss.",
+    "Summarise the text below in two sentences.\n" + "The harbor wakes slowly under a grey sky. " * 20,
+    "Write a short story about a lighthouse keeper and a stray cat.",
+]
+
+
+@dataclass
+class Tally:
+    sent: int = 0
+    refused: int = 0  # 429/503 before admission: no reservation, not in the ledger
+    ids: list[str] = field(default_factory=list)
+    fate: dict[str, str] = field(default_factory=dict)  # request id → its fate
+
+
+def _body(rng: random.Random) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": rng.choice(PROMPTS)}]
+    for _ in range(rng.choice([0, 0, 1, 2])):
+        parts.append({"type": "image_url", "image_url": {"url": rng.choice(IMAGES)}})
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": parts}],
+        "max_tokens": rng.randint(32, 256),
+        "stream": rng.random() < 0.7,
+    }
+
+
+async def _one(
+    client: httpx.AsyncClient, key: str, rid: str, body: dict[str, Any], fate: str, rng: random.Random
+) -> int:
+    """Send one request and play its fate; the status seen (0 when the client left before it)."""
+    headers = {"authorization": f"Bearer {key}", "x-request-id": rid}
+    leave_after = {
+        "complete": None,
+        "queued": rng.uniform(0.0, 0.05),
+        "prefill": rng.uniform(0.05, 1.0),
+        "mid_stream": None,
+    }[fate]
+    status = 0
+    with anyio.move_on_after(leave_after if leave_after is not None else 120):
+        if body["stream"]:
+            async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as resp:
+                status = resp.status_code
+                chunks = 0
+                cut = rng.randint(1, 20) if fate == "mid_stream" else None
+                async for _ in resp.aiter_raw():
+                    chunks += 1
+                    if cut is not None and chunks >= cut:
+                        break
+        else:
+            status = (await client.post("/v1/chat/completions", json=body, headers=headers)).status_code
+    return status
+
+
+async def _tenant(url: str, tenant: str, deadline: float, clients: int, seed: int, tally: Tally) -> None:
+    rng = random.Random(seed)
+    async with httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as client:
+
+        async def worker(w: int) -> None:
+            n = 0
+            while time.monotonic() < deadline:
+                n += 1
+                rid = f"{tenant}-{seed}-{w}-{n}"
+                fate = rng.choices(list(FATES), weights=list(FATES.values()))[0]
+                body = _body(rng)
+                if fate == "mid_stream":
+                    body["stream"] = True
+                tally.sent += 1
+                tally.ids.append(rid)
+                tally.fate[rid] = fate
+                status = await _one(client, f"og-bench-{tenant}-key-0123456789", rid, body, fate, rng)
+                if status in (429, 503):
+                    tally.refused += 1
+
+        await asyncio.gather(*(worker(w) for w in range(clients)))
+
+
+def _hold_sqlite(path: Path, seconds: float) -> None:
+    """Another process's view: hold the store's file locked (BEGIN EXCLUSIVE) for `seconds`."""
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    conn.execute("BEGIN EXCLUSIVE")
+    time.sleep(seconds)
+    conn.execute("COMMIT")
+    conn.close()
+
+
+async def _faults(
+    args: argparse.Namespace, sims: list[str], store: str, redis: Any, db: Path, procs: Procs
+) -> list[str]:
+    """The injected faults, spread over the run; returns what was done, for the report."""
+    done: list[str] = []
+    span = args.duration
+    await asyncio.sleep(span * 0.2)
+    async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+        for sim in sims:
+            await client.post(sim + "/admin/faults", json={"error_rate": 0.1, "disconnect_rate": 0.1})
+        done.append("engine faults on (10 % errors before the first byte, 10 % cut streams)")
+        await asyncio.sleep(span * 0.2)
+        if store == "redis":
+            redis.stop()
+            done.append("redis-server stopped")
+            await asyncio.sleep(min(5.0, span * 0.1))
+            redis.start()
+            done.append("redis-server started again")
+        else:
+            hold = min(4.0, span * 0.1)
+            await asyncio.to_thread(_hold_sqlite, db, hold)
+            done.append(f"SQLite file held locked for {hold:g} s")
+        await asyncio.sleep(span * 0.2)
+        for sim in sims:
+            await client.post(sim + "/admin/faults", json={"error_rate": 0.0, "disconnect_rate": 0.0})
+        done.append("engine faults off")
+    return done
+
+
+class _Redis:
+    """A private redis-server (append-only, so its ledger survives a restart on the same port)."""
+
+    def __init__(self, procs: Procs) -> None:
+        self.procs, self.port = procs, free_port()
+        self.data = procs.workdir / "redis"
+        self.data.mkdir(exist_ok=True)
+        self.start()
+
+    def start(self) -> None:
+        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        argv += ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.data)]
+        self.procs.start("redis", argv)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if redis_client.Redis(port=self.port).ping():
+                    return
+            except Exception:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        proc = self.procs.procs.pop("redis")
+        proc.terminate()
+        proc.wait(10)
+
+
+def _metric(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def _settled(url: str, sims: list[str]) -> dict[str, Any]:
+    """Wait (≤ 60 s) for the outbox to drain and the engines to go idle; the counters seen last."""
+    async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+        deadline = time.monotonic() + 60
+        while True:
+            metrics = (await client.get(url + "/metrics")).text
+            loads = [(await client.get(s + "/v1/loads")).json()["loads"][0] for s in sims]
+            running = sum(ld["num_running_reqs"] + ld["num_waiting_reqs"] for ld in loads)
+            state = (
+                await client.get(url + "/admin/state", headers={"authorization": f"Bearer {ADMIN}"})
+            ).json()
+            pools = state["pools"].values()
+            queued = sum(p["queue_depth"] for p in pools)
+            in_flight = sum(p["in_flight"] + sum(b["active"] for b in p["backends"]) for p in pools)
+            counters = {
+                "outbox": _metric(metrics, "omnigate_ledger_outbox_pending"),
+                "queued": queued,
+                "in_flight": in_flight,
+                "engines": running,
+            }
+            if not any(counters.values()) or time.monotonic() > deadline:
+                return counters
+            await asyncio.sleep(0.5)
+
+
+async def _work(sims: list[str]) -> dict[str, dict[str, Any]]:
+    """The engines' account by request id; for an id two engines took, the later attempt."""
+    out: dict[str, dict[str, Any]] = {}
+    async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
+        for sim in sims:
+            for rid, w in (await client.get(sim + "/sim/work")).json().items():
+                if rid not in out or w["at"] > out[rid]["at"]:
+                    out[rid] = w
+    return out
+
+
+def _engine_count(work: dict[str, Any]) -> int:
+    """The work an engine did for one request: its prompt once the prefill started, and what it generated
+    (a request it aborted while it still waited for its prefill cost it nothing)."""
+    return int(work["prompt_tokens"]) * bool(work["prefilled"]) + int(work["generated"])
+
+
+def _by_fate(log: Path, tallies: dict[str, Tally], engines: dict[str, dict[str, Any]]) -> list[str]:
+    """Charged (the access log's usage) against the engines' count, per fate, all tenants together."""
+    charged: dict[str, int] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        start = line.find('{"ts"')
+        if start < 0:
+            continue
+        entry = orjson.loads(line[start:])
+        if entry.get("request_id") and entry.get("prompt_tokens") is not None:
+            charged[entry["request_id"]] = entry["prompt_tokens"] + entry["output_tokens"]
+    sums: dict[str, list[int]] = {}
+    for tally in tallies.values():
+        for rid, fate in tally.fate.items():
+            w = engines.get(rid)
+            row = sums.setdefault(fate, [0, 0, 0])
+            row[0] += charged.get(rid, 0)
+            row[1] += _engine_count(w) if w else 0
+            row[2] += 1
+    out = ["{:<11} {:>5} {:>9} {:>9}".format("fate", "sent", "charged", "engines")]
+    out += [f"{f:<11} {n:>5} {c:>9} {e:>9}" for f, (c, e, n) in sorted(sums.items())]
+    return out
+
+
+async def run_store(
+    args: argparse.Namespace, store: str, procs: Procs, sims: list[str]
+) -> tuple[list[str], bool]:
+    work = procs.workdir
+    db = work / f"{store}-tenants.sqlite3"
+    redis = _Redis(procs) if store == "redis" else None
+    store_cfg: dict[str, Any] = (
+        {
+            "kind": "redis",
+            "redis_url": f"redis://127.0.0.1:{redis.port}/0",
+            "redis_failure": "open",
+            "outbox_path": str(work / "redis-outbox.sqlite3"),
+        }
+        if redis is not None
+        else {"kind": "sqlite", "path": str(db)}
+    )
+    port = free_port()
+    (work / "policy.yaml").write_text("version: 1\n")
+    config = {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "policy_path": str(work / "policy.yaml"),
+        "watch_policy": False,
+        "admin": {"token": ADMIN},
+        "auth": {"required": True},
+        "store": store_cfg,
+        "access_log": True,  # per request what was charged: the breakdown by fate
+        "tenants": [{"id": t, "keys": [f"og-bench-{t}-key-0123456789"]} for t in TENANTS],
+        "pools": [{"name": "interactive", "models": [MODEL], "backends": sims, "health_interval_s": 0.25}],
+    }
+    (work / f"gw-{store}.yaml").write_bytes(orjson.dumps(config))
+    name = f"gateway-{store}"
+    argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / f"gw-{store}.yaml")]
+    procs.start(name, [*argv, "--log-level", "info"])
+    wait_http(port, "/readyz", 60, procs, name)
+    url = f"http://127.0.0.1:{port}"
+    tallies = {t: Tally() for t in TENANTS}
+    deadline = time.monotonic() + args.duration
+    load = [
+        _tenant(url, t, deadline, args.clients, args.seed * 100 + i, tallies[t])
+        for i, t in enumerate(TENANTS)
+    ]
+    results = await asyncio.gather(_faults(args, sims, store, redis, db, procs), *load)
+    counters = await _settled(url, sims)
+    engines = await _work(sims)
+    lines = [f"store {store}: " + "; ".join(results[0])]
+    all_ok = not any(counters.values())
+    head = ("tenant", "sent", "ledger req", "charged", "engines", "ratio", "in target")
+    lines.append("{:<8} {:>5} {:>10} {:>9} {:>9} {:>6} {:>7}".format(*head))
+    async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
+        for tenant, tally in tallies.items():
+            usage = (
+                await client.get(
+                    f"{url}/admin/tenants/{tenant}/usage",
+                    params={"days": 2},
+                    headers={"authorization": f"Bearer {ADMIN}"},
+                )
+            ).json()
+            charged = sum(d["input_tokens"] + d["output_tokens"] for d in usage["history"])
+            requests = sum(d["requests"] for d in usage["history"])
+            took = [engines[i] for i in tally.ids if i in engines]
+            engine = sum(_engine_count(w) for w in took)
+            ratio = charged / engine if engine else float("nan")
+            ok = abs(ratio - 1) <= args.tolerance and requests <= tally.sent
+            all_ok = all_ok and ok and usage["concurrent"]["active"] == 0
+            cells = (tenant, tally.sent, requests, charged, engine, f"{ratio:.3f}", "yes" if ok else "NO")
+            lines.append(
+                "{:<8} {:>5} {:>10} {:>9} {:>9} {:>6} {:>7}".format(*cells)
+                + f"   active {usage['concurrent']['active']}, refused {tally.refused}"
+            )
+    lines.append("counters at the end: " + ", ".join(f"{k} {v:g}" for k, v in counters.items()))
+    lines += _by_fate(procs.workdir / f"{name}.log", tallies, engines)
+    proc = procs.procs.pop(name)
+    proc.terminate()
+    proc.wait(10)
+    if redis is not None:
+        redis.stop()
+    return lines, all_ok
+
+
+async def main_async(args: argparse.Namespace) -> bool:
+    with tempfile.TemporaryDirectory(prefix="omnigate-ledger-") as tmp:
+        procs = Procs(Path(tmp))
+        try:
+            sims = []
+            for i in range(2):
+                port = free_port()
+                argv = [sys.executable, "-m", "loadtest.sim", "--host", "127.0.0.1", "--port", str(port)]
+                argv += ["--time-scale", repr(args.time_scale), "--model", MODEL, "--seed", str(i + 1)]
+                procs.start(f"sim{i}", argv)
+                wait_http(port, "/health", 60, procs, f"sim{i}")
+                sims.append(f"http://127.0.0.1:{port}")
+            ok = True
+            for store in args.stores:
+                lines, store_ok = await run_store(args, store, procs, sims)
+                ok = ok and store_ok
+                for line in lines:
+                    print(line, flush=True)
+        finally:
+            procs.close()
+    return ok
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stores", nargs="+", default=["redis", "sqlite"], choices=["redis", "sqlite"])
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of load per store")
+    p.add_argument("--clients", type=int, default=4, help="concurrent clients per tenant")
+    p.add_argument("--time-scale", type=float, default=5.0, help="engines run this much faster than a GPU")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--tolerance", type=float, default=0.02, help="charged vs the engines' count, per tenant")
+    p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = p.parse_args()
+    ok = asyncio.run(main_async(args))
+    if args.check and not ok:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
