@@ -64,12 +64,14 @@ class Dispatcher:
         ctx: Decision,
         *,
         metered: bool = True,
+        round_budget: bool = True,
         loan: bool = False,
     ) -> str | None:
         """The first shared budget `ticket` does not fit on `backend` (None: it fits): a slot
         ("concurrency", "band_reserve", "tenant_share"), "round_prefill", "prefill_shield", "shield_duty",
         "kv_watermark". `metered=False` leaves out the round's prefill budget, the shield and the spacing,
-        which free themselves in time; `loan`: another pool's request, never spaced."""
+        which free themselves in time; `round_budget=False` the round's budget alone (a round opened now
+        has it unspent); `loan`: another pool's request, never spaced."""
         miss = slot_miss(ticket, backend, ctx.limits[backend.url], ctx.rule, self.holdings)
         if miss is not None:
             return miss
@@ -77,7 +79,7 @@ class Dispatcher:
             rank = self.standing.rank(ticket, ctx)
             prio = self.standing.engine_priority(ticket, ctx, rank)
             tokens, url, shield = ticket.cost.prompt_tokens, backend.url, ctx.budgets.shield
-            if self.rounds.over_budget(url, prio, tokens, ctx.budgets):
+            if round_budget and self.rounds.over_budget(url, prio, tokens, ctx.budgets):
                 return "round_prefill"
             if self.shield.shielded(tokens, rank, url, shield, ctx.now):
                 return "prefill_shield"
@@ -86,10 +88,17 @@ class Dispatcher:
         return kv_miss(ticket, backend, ctx.budgets)
 
     def blocked_by(
-        self, entry: Entry, backends: Iterable[BackendState], ctx: Decision, *, new_round: bool = False
+        self,
+        entry: Entry,
+        backends: Iterable[BackendState],
+        ctx: Decision,
+        *,
+        new_round: bool = False,
+        metered: bool = True,
     ) -> dict[str, str]:
-        """Why `entry` is not going to each backend now, for ops (empty: nothing stops it). `new_round`:
-        as a round opened now would judge it (no grouping, the round's prefill budget unspent)."""
+        """Why `entry` is not going to each backend now (empty: nothing stops it). `new_round`: as a round
+        opened now would judge it (no grouping, the round's prefill budget unspent); `metered=False`: only
+        what lasts — slots, KV, buckets — not the round, the shield or the spacing."""
         if not new_round and not self.joins_round(entry, ctx):
             return {"*": "round_group"}
         out: dict[str, str] = {}
@@ -100,7 +109,11 @@ class Dispatcher:
                 out[b.url] = "excluded"
             elif bucket_full(entry.ticket, b, ctx.budgets):
                 out[b.url] = "bucket_cap"
-            elif (miss := self.shared_budget_miss(entry.ticket, b, ctx, metered=not new_round)) is not None:
+            elif (
+                miss := self.shared_budget_miss(
+                    entry.ticket, b, ctx, metered=metered, round_budget=not new_round
+                )
+            ) is not None:
                 out[b.url] = miss
         return out
 

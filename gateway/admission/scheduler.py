@@ -507,7 +507,7 @@ class PoolScheduler:
         head = next(self.queue.ordered(), None)
         if head is None:
             return
-        blocked = self.dispatcher.blocked_by(head, self.backends, ctx, new_round=True)
+        blocked = self.dispatcher.blocked_by(head, self.backends, ctx, new_round=True, metered=False)
         if len(blocked) < len(self.backends):
             return  # it fits somewhere: the round or the window holds it, not a loan
         self._loans.reclaim(blocked)

@@ -154,6 +154,21 @@ async def test_big_lower_ranked_prompts_are_spaced_by_duty_and_small_ones_pass()
     assert second.done() and s.dispatcher.shield.spacing["http://b0"] == {id(second.result().ticket): 1004.0}
 
 
+async def test_between_rounds_the_state_names_the_spacing_a_new_round_would_keep() -> None:
+    """/admin/state judges a head between rounds as a round opened now would: the round's prefill budget
+    unspent, but the shield and the spacing as they are (they outlast a round)."""
+    clock = FakeClock()
+    s = _sched(clock, {"recheck_interval_s": 10.0}, round_s=0.5, prefill_tokens_per_round=10**6)
+    (await s.acquire(ticket(priority=10, prompt=100))).started()
+    (await s.acquire(ticket(priority=5, prompt=2000))).started()
+    second = await spawn(s, ticket(priority=5, prompt=2000))
+    clock.now = 1000.75  # the round ended at 1000.5 and no pass has run since; the turn comes at 1002
+    assert s.snapshot()["round"]["open"] is False
+    assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "shield_duty"} and not second.done()
+    second.cancel()
+    await settle()
+
+
 @pytest.mark.parametrize("case", ["duty null", "no higher rank", "the top rank"])
 async def test_what_duty_does_not_space(case: str) -> None:
     s = _sched(

@@ -532,8 +532,9 @@ async def test_a_second_big_lower_band_prompt_waits_its_spaced_turn(stack: Stack
     """`shield.duty`: while a band-10 request is about, a big band-0 prompt goes alone, and the next one
     waits at the gateway (`shield_duty` in /admin/state) for the first one's predicted prefill / duty —
     then goes, and both clients get their whole answers."""
-    # ~30 prompt tokens at the prior 10 000 tokens/s over duty 0.001: ~3 s of spacing
-    stack.policy.write_text(POLICY.replace("{tokens: 32, revoke_s: 0.05}", "{tokens: 8, duty: 0.001}"))
+    # ~30 prompt tokens at the prior 10 000 tokens/s over duty 0.0003: ~10 s of spacing, longer than the
+    # first answer takes on a loaded machine (with ~3 s, it sometimes ended before the second was sent)
+    stack.policy.write_text(POLICY.replace("{tokens: 32, revoke_s: 0.05}", "{tokens: 8, duty: 0.0003}"))
     sim = stack.sim(seed=5, time_scale=2.0).url
     gw = stack.gateway([{"name": "interactive", "backends": [sim]}])
     await wait_ready(gw)
@@ -562,7 +563,7 @@ async def test_a_second_big_lower_band_prompt_waits_its_spaced_turn(stack: Stack
                     break
                 await asyncio.sleep(0.01)
             assert seen[-1] == {sim: "shield_duty"} and not second.done()
-            answers = [first, await asyncio.wait_for(second, 20)]
+            answers = [first, await asyncio.wait_for(second, 30)]
             assert await head_blocked_by() is None
         left = await gateway_settled(client, gw)
     for data in answers:
