@@ -93,8 +93,6 @@ def scaled_policy(base: Policy, k: float, controller: dict[str, Any]) -> dict[st
         q["priorities"]["reserve_hold_s"] /= k
     b["round_s"] /= k
     b["shield"]["hold_s"] /= k
-    if b["shield"]["revoke_s"] is not None:
-        b["shield"]["revoke_s"] /= k
     w["max_window_s"] /= k
     for acc in w["accumulate"].values():
         acc["max_wait_s"] /= k
@@ -187,7 +185,7 @@ class House:
         return f"http://127.0.0.1:{port}"
 
     def stop(self, name: str, url: str) -> None:
-        """Print the gateway's own view (rejections by reason, final limits, preemptions) and its CPU
+        """Print the gateway's own view (rejections by reason, final limits) and its CPU
         share (near 100 % means the gateway, not admission, set the figures), then stop it."""
         pid = self.procs.procs[name].pid
         cpu = cpu_seconds(pid) / max(1e-9, time.monotonic() - self.started.pop(name))
@@ -196,11 +194,7 @@ class House:
             pool = httpx.get(url + "/admin/state", headers={"authorization": "Bearer bench"}, timeout=5)
             snap = pool.json()["pools"]["interactive"]
             limits = [b["limit"] for b in snap["backends"]]
-            print(
-                f"  {name}: rejections {snap['rejections']}, final limits {limits}, "
-                f"preempted {snap['preempted']}",
-                flush=True,
-            )
+            print(f"  {name}: rejections {snap['rejections']}, final limits {limits}", flush=True)
             revoked = [
                 line.rsplit(" ", 1)[1]
                 for line in httpx.get(url + "/metrics", timeout=5).text.splitlines()

@@ -252,8 +252,8 @@ class CompletionEndpoint:
             ticket.reached_engine = not ticket.stream
             record.record_dispatch(ticket)
             assert owner.client is not None
-            # loans and (with the prefill shield's `revoke_s`) requests not yet started are revocable,
-            # until the first byte: nothing has reached the client; others pay no cancel scope for it
+            # loans are revocable until the first byte: nothing has reached the client; others pay no
+            # cancel scope for it
             revocable = anyio.CancelScope() if lease.revocable else None
             if revocable is not None:
                 lease.arm(revocable.cancel)
@@ -305,13 +305,9 @@ class CompletionEndpoint:
                 ticket.reached_engine = False  # the gateway took it back: its choice, not the tenant's
                 owner.record_no_verdict(backend, ticket.dispatched_at)
                 self._end(lease, deadlines, True, Usage(0, 0), Outcome.REVOKED)
-                requeued = True
-                if lease.loan:  # the lender's own requests wait for the backend: queue in our own pool
-                    metrics.LOANS_REVOKED.labels(pool.name).inc()
-                    log.info("request %s: loan of %s revoked; queued again", ticket.id, ticket.backend)
-                else:  # higher-ranked work would share its prefill batch (shield.py)
-                    metrics.PREEMPTED.labels(pool.name).inc()
-                    log.debug("request %s: preempted on %s; queued again", ticket.id, ticket.backend)
+                requeued = True  # the lender's own requests wait for the backend: queue in our own pool
+                metrics.LOANS_REVOKED.labels(pool.name).inc()
+                log.info("request %s: loan of %s revoked; queued again", ticket.id, ticket.backend)
                 continue
             owner.record_success(backend, ticket.dispatched_at)
             if ticket.stream:

@@ -99,7 +99,6 @@ class Ticket:
     error_code: str | None = None
     error: str | None = None  # what went wrong, for the access log and failure alerts
     error_status: int | None = None  # the failure's status when the client already got 200 (mid-stream)
-    preempted: bool = False  # taken back once from a backend for higher-ranked work (shield.py)
     rate_limits: dict[str, str] | None = None  # the tenant's x-ratelimit-* headers after admission
 
     @property

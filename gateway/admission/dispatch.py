@@ -4,7 +4,7 @@ The dispatcher composes the policy families, each in its own module, and asks ea
 - slots.py — concurrency: a slot under the backend's limit (limits.py), less the headroom its band and
   its tenant must leave free;
 - rounds.py — the round's prefill budget per backend (fixed, or metered at the engine's measured pace);
-- shield.py — the prefill shield, duty spacing and preemption;
+- shield.py — the prefill shield and duty spacing;
 - budgets.py — the KV watermark and the modality bucket caps;
 - standing.py — the rank a tenant under its share gets, and the engine priority that follows.
 Every call gets the frozen `Decision` (decision.py) the scheduler built for it; the dispatcher's own
@@ -187,12 +187,6 @@ class Dispatcher:
         lacking = ahead + 1 - free if free else ahead + min(1 - m for m in margins)
         return lacking / rate if rate > 0 else None
 
-    def preempt(self, ticket: Ticket, backend: BackendState, ctx: Decision) -> list[Ticket]:
-        """The lower-ranked prompts to take back from `backend` before `ticket` goes there (shield.py);
-        call before `commit`."""
-        rank = self.standing.rank(ticket, ctx)
-        return self.shield.preempt(rank, backend.url, ctx.budgets.shield, ctx.now)
-
     def commit(
         self,
         ticket: Ticket,
@@ -213,7 +207,6 @@ class Dispatcher:
             ticket,
             rank,
             backend.url,
-            busy=backend.active > 0,
             shield=shield,
             prefill_rate=ctx.prefill_rate,
             now=ctx.now,

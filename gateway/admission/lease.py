@@ -4,9 +4,8 @@ The lease knows nothing of the scheduler's accounting: it only guarantees that t
 (`PoolScheduler._release`, which gives back the budgets, reconciles fairness and feeds the limit) runs
 exactly once, however many times the pipeline's error paths call `release`.
 
-A `revocable` lease can be taken back: a loan (an offline request on a lent interactive backend) when
-the lender's own requests wait for the slot, a prompt not yet started when higher-ranked work would
-share its prefill batch (shield.py). The scheduler calls `revoke()`; the pipeline, which
+A loan's lease (an offline request on a lent interactive backend) is `revocable`: it can be taken back
+when the lender's own requests wait for the slot. The scheduler calls `revoke()`; the pipeline, which
 `arm`s the lease with the cancel of its upstream call while nothing has reached the client, abandons
 that call (the engine aborts it) and queues the request again.
 """
@@ -50,7 +49,7 @@ class Lease:
         self.dispatched_at: float | None = None  # on the scheduler's clock
         self.released = False
         self.revoked = False
-        self.revocable = loan  # the pipeline arms it (set by the scheduler: preemptible requests too)
+        self.revocable = loan  # the pipeline arms it
         self._on_release = on_release
         self._on_revoke: Callable[[], None] | None = None
         self._on_start = on_start

@@ -6,7 +6,7 @@ standing.py), then by their virtual counter (lowest first, ties by name); inside
 earliest deadline first (ties by arrival order) — except while that tenant is congested at the band
 (`lifo_after_fraction`: it has had requests waiting there without a break for longer than that share of
 its most urgent request's deadline budget), when its requests go newest first (adaptive LIFO). A request
-queued again after a dispatch (a loan revoked, a prompt preempted) goes before its tenant's others.
+queued again after a dispatch (a loan revoked) goes before its tenant's others.
 
 Standing comes first because VTC alone lets a light tenant queue behind a heavy one: lifted to the heavy
 tenant's counter on every arrival and then charged, it is often just above it, and the heavy tenant's

@@ -75,7 +75,6 @@ class PoolScheduler:
         self._lender: PoolScheduler | None = None
         self._loans = Loans()  # another pool's requests on our backends, oldest first
         self._top_seen = -math.inf  # when a top-band request last arrived (the band reserve's hold)
-        self.preempted = 0  # requests taken back from a backend for higher-ranked work (`_preempt`)
         self.shares: ReplicaShares | None = None  # set when replicas share the engines (coordination)
         self._shared_budgets = BudgetCopy()  # the round's budget scaled to this replica's share
         self._sync_limits(current)
@@ -111,7 +110,7 @@ class PoolScheduler:
 
     async def acquire(self, ticket: Ticket, *, exclude: Iterable[str] = (), requeued: bool = False) -> Lease:
         """Wait until `ticket` is dispatched; raises ApiError when refused, shed or displaced. `requeued`:
-        it was dispatched and taken back (a loan revoked, a prompt preempted) — admitted already, it is
+        it was dispatched and taken back (a loan revoked) — admitted already, it is
         neither refused nor shed nor displaced again."""
         settings = self.settings()
         slo = settings.queue.classes.get(ticket.traffic_class)
@@ -251,10 +250,8 @@ class PoolScheduler:
             placed = self.dispatcher.place(self.queue.ordered(), self.backends, ctx)
             if placed is not None:
                 entry, backend = placed
-                self._preempt(entry.ticket, backend, ctx)
                 prio = self.dispatcher.commit(entry.ticket, backend, ctx, shield=budgets.shield)
-                revocable = budgets.shield.preempt_s is not None
-                self._dispatch(entry, backend, now, prio, loan=False, revocable=revocable)
+                self._dispatch(entry, backend, now, prio, loan=False)
                 continue
             borrowed = self._borrow(now, ctx)
             if borrowed is None:
@@ -307,7 +304,6 @@ class PoolScheduler:
             in_flight=self.in_flight,
             borrowed=self.borrowed,
             lent=self.lent,
-            preempted=self.preempted,
             prefill_load=self.pool_level(now, ctx.budgets),
             rejections=dict(self.rejections),
             limit_values={url: lim.value for url, lim in self.limits.items()},
@@ -512,17 +508,6 @@ class PoolScheduler:
             return  # it fits somewhere: the round or the window holds it, not a loan
         self._loans.reclaim(blocked)
 
-    def _preempt(self, ticket: Ticket, backend: BackendState, ctx: Decision) -> None:
-        """Take back the prompts that would ride in `ticket`'s prefill batch (shield.py): their pipelines
-        abandon the upstream call (the engine aborts it) and queue them again."""
-        victims = {id(t) for t in self.dispatcher.preempt(ticket, backend, ctx)}
-        if not victims:
-            return
-        for lease in [*self._leases, *self._loans]:
-            if id(lease.ticket) in victims:
-                lease.revoke()
-                self.preempted += 1
-
     def _dispatch(
         self,
         entry: Entry,
@@ -531,10 +516,9 @@ class PoolScheduler:
         engine_priority: int,
         *,
         loan: bool,
-        revocable: bool = False,
     ) -> None:
         """Hand `entry` its lease (the dispatcher, or the lender for a loan, has already accounted it).
-        A loan is always revocable; `revocable`: our own request may be preempted too."""
+        A loan is revocable (`Lease`)."""
         assert self._ctx is not None  # the pass that placed it decided first
         self.queue.remove(entry)
         ticket = entry.ticket
@@ -545,7 +529,6 @@ class PoolScheduler:
         ticket.dispatched_at = now
         lease = Lease(entry, backend, entry.charge, loan, self._release, engine_priority, self._started)
         lease.dispatched_at = now
-        lease.revocable = loan or revocable
         self._leases.add(lease)
         if loan and self._lender is not None:
             self._lender.on_loan(lease)

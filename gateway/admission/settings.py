@@ -170,20 +170,6 @@ class ShieldPolicy(Frozen):
         "streams decoding there stall for it (SGLang runs a waiting prefill before the next decode step). "
         "None: as often as the other budgets allow.",
     )
-    revoke_s: float | None = Field(
-        default=None,
-        gt=0,
-        description="A request the shield protects takes back the lower-ranked prompts sent to its "
-        "backend within this long, while that backend was busy, that would ride in its prefill batch beyond "
-        "`tokens`: they still wait for the engine's current step (a decode step: keep this below one), so "
-        "the engine drops them at no cost, and they queue again in the gateway. Once per request. "
-        "None (default): never.",
-    )
-
-    @property
-    def preempt_s(self) -> float | None:
-        """`revoke_s` while the shield is on (preemption bounds what the shield bounds); None: never."""
-        return self.revoke_s if self.tokens is not None else None
 
 
 class PoolBudgets(Frozen):

@@ -1,4 +1,4 @@
-"""The prefill shield family: the shield, duty spacing and preemption (`budgets.shield`).
+"""The prefill shield family: the shield and duty spacing (`budgets.shield`).
 
 An engine forms each prefill batch from the top of its waiting queue down, as far as its token budget
 goes, so a light tenant's 100-token prompt that overtakes the heavy tenant's queued prompts still waits
@@ -12,8 +12,6 @@ for them: they run in its batch. Ranks are standing.py's (band, plus a half unde
   prompt too big for the shield (it goes alone) is spaced — after one goes to a backend, the next waits
   there for the first one's predicted prefill divided by `duty`. That bounds how often a higher-ranked
   arrival meets such a step in flight, and how long the higher-ranked streams decoding there stall.
-- Preemption (`revoke_s`, off by default): the protected request takes back the lower-ranked prompts
-  sent to its backend within `revoke_s` that would ride in its batch beyond `tokens`; they queue again.
 The traffic the shield protects (the top rank seen within `hold_s`, with a lower rank seen too) goes to
 the backend where the fewest prompt tokens wait for their prefill (dispatch.py). Loans are neither spaced
 nor space the lender's own prompts: they run only below the lender's `max_load` and are given back as
@@ -39,7 +37,6 @@ class Pending(NamedTuple):
     rank: float
     tokens: int
     due: float  # a whole request's predicted prefill end; inf for a stream (until its first byte)
-    revocable_until: float  # still in the engine's waiting queue until then (`preempt`)
 
 
 class Shield:
@@ -112,49 +109,20 @@ class Shield:
         dues += [until for spaced in self.spacing.values() for until in spaced.values()]
         return min((t for t in dues if t > now), default=math.inf)
 
-    def preempt(self, rank: float, url: str, shield: ShieldPolicy, now: float) -> list[Ticket]:
-        """The lower-ranked prompts to take back from `url` before a request of `rank` (the traffic the
-        shield protects) goes there, biggest first, until those left waiting there fit `shield.tokens`:
-        the engine would run them in its prefill batch. Only prompts sent within `shield.revoke_s` to a
-        busy engine qualify: those still wait for the engine's current step (a decode step, tens of ms)
-        to end, so the engine drops them at no cost (SGLang's abort of a queued request); an older one
-        may be in its prefill step, which an abort would waste without speeding the request up. A prompt
-        is taken back once at most; they leave `pending` (and the spacing: they never ran) at once."""
-        if shield.tokens is None or shield.revoke_s is None or not self.on_top(rank, shield, now):
-            return []
-        waiting = self.pending.get(url, {})
-        movable = [p for p in waiting.values() if p.rank < rank and p.due > now]
-        left = sum(p.tokens for p in movable)  # what `unstarted(below=rank)` counts
-        victims: list[Ticket] = []
-        for p in sorted(movable, key=lambda p: -p.tokens):
-            if left <= shield.tokens:
-                break
-            if p.revocable_until > now and not p.ticket.preempted:
-                p.ticket.preempted = True
-                victims.append(p.ticket)
-                left -= p.tokens
-                del waiting[id(p.ticket)]
-                self.spacing.get(url, {}).pop(id(p.ticket), None)  # it never ran
-        return victims
-
     def sent(
         self,
         ticket: Ticket,
         rank: float,
         url: str,
         *,
-        busy: bool,
         shield: ShieldPolicy | None,
         prefill_rate: float,
         now: float,
         loan: bool,
     ) -> None:
-        """A dispatch to `url` (`busy`: the backend had requests running). `shield`: it can be taken back
-        for `shield.preempt_s` if the backend is busy, and a big lower-ranked prompt of our own starts the
-        backend's spacing. A loan neither is spaced nor counts as our rank."""
+        """A dispatch to `url`. `shield`: a big lower-ranked prompt of our own starts the backend's
+        spacing. A loan neither is spaced nor counts as our rank."""
         tokens = ticket.cost.prompt_tokens
-        revoke_s = None if shield is None else shield.preempt_s
-        revocable_until = now + revoke_s if revoke_s is not None and busy else -math.inf
         if shield is not None and not loan and self._lone(tokens, rank, shield, now):
             assert shield.duty is not None  # _lone
             spaced = self.spacing.setdefault(url, {})
@@ -163,6 +131,6 @@ class Shield:
             spaced[id(ticket)] = now + tokens / prefill_rate / shield.duty
         # a stream's prefill ends with its first byte (`started`); a whole request's only by prediction
         due = math.inf if ticket.stream else now + tokens / prefill_rate
-        self.pending.setdefault(url, {})[id(ticket)] = Pending(ticket, rank, tokens, due, revocable_until)
+        self.pending.setdefault(url, {})[id(ticket)] = Pending(ticket, rank, tokens, due)
         if not loan:
             self.rank_seen[rank] = now

@@ -109,13 +109,6 @@ LOANS_REVOKED = Counter(
     ["pool"],
     registry=REGISTRY,
 )
-PREEMPTED = Counter(
-    "omnigate_preempted_total",
-    "Requests taken back from a backend before their prefill started, because a request of a higher rank "
-    "would have shared its prefill batch (the prefill shield's revoke_s); queued again.",
-    ["pool"],
-    registry=REGISTRY,
-)
 CLIENT_DISCONNECTS = Counter(
     "omnigate_client_disconnects_total",
     "Requests whose client went away; the upstream request was cancelled.",

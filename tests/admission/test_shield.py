@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from gateway.admission.scheduler import Lease, PoolScheduler
 from gateway.errors import ApiError
 from gateway.policy import Policy
-from gateway.ticket import Usage
 from tests.admission.helpers import FakeClock, backends, policy, settle, spawn, ticket
 
 FIXED_8 = {"algorithm": "fixed", "initial": 8, "min": 8, "max": 8}
@@ -190,7 +189,6 @@ async def test_what_duty_does_not_space(case: str) -> None:
         {"hold_s": 0},
         {"tokens": "many"},
         {"token": 512},
-        {"revoke_s": 0},
         {"duty": 0},
         {"duty": 1.5},
     ],
@@ -222,62 +220,6 @@ async def test_a_protected_request_goes_where_no_prompt_waits_for_its_prefill() 
     (await s.acquire(ticket(priority=5, prompt=3000, output=1000))).started()
     await s.acquire(ticket(priority=5, prompt=200))
     assert (await s.acquire(ticket(priority=10, prompt=100))).backend.url == "http://b1"  # shield off
-
-
-async def _busy_then_big(s: PoolScheduler, big_prompt: int = 4000) -> tuple[Lease, list[int]]:
-    """A band-10 stream decoding on b0 (the engine is busy), then a band-5 prompt sent there, armed as
-    the pipeline arms it; returns its lease and the list its revocation appends to."""
-    (await s.acquire(ticket(priority=10, prompt=50))).started()
-    big = await s.acquire(ticket(priority=5, prompt=big_prompt))  # alone: nothing else waits there
-    taken: list[int] = []
-    big.arm(lambda: taken.append(1))
-    return big, taken
-
-
-async def test_a_protected_request_takes_back_a_big_prompt_still_waiting_in_a_busy_engine() -> None:
-    clock = FakeClock()
-    s = _sched(clock, prefill_tokens_per_round=10**6, shield={"revoke_s": 0.05})  # 512 tokens
-    big, taken = await _busy_then_big(s)
-    clock.now = 1000.04  # within revoke_s: the engine is still in the step it was running
-    high = await s.acquire(ticket(priority=10, prompt=100))
-    assert taken == [1] and s.preempted == 1 and big.ticket.preempted
-    assert _pending(s) == 100  # only the band-10 prompt waits for its batch now
-    assert s.dispatcher.shield.spacing == {"http://b0": {}}  # it never ran: no spacing after it
-    big.release(Usage(0, 0), "revoked")  # what the pipeline does, then it queues it again
-    again = await spawn(s, big.ticket, requeued=True)
-    assert not again.done()  # the shield: it would ride in the band-10 prompt's batch
-    high.started()
-    await settle()
-    assert again.done() and again.result().revocable
-    taken_again: list[int] = []
-    again.result().arm(lambda: taken_again.append(1))
-    clock.now = 1000.05
-    await s.acquire(ticket(priority=10, prompt=100))
-    assert taken_again == [] and s.preempted == 1  # taken back once at most
-
-
-@pytest.mark.parametrize(
-    ("case", "expected"),
-    [("within revoke_s", [1]), ("after revoke_s", []), ("revoke_s null", []), ("fits the shield", [])],
-)
-async def test_what_a_protected_request_does_not_take_back(case: str, expected: list[int]) -> None:
-    clock = FakeClock()
-    s = _sched(clock, shield={"revoke_s": None if case == "revoke_s null" else 0.05})
-    _, taken = await _busy_then_big(s, 400 if case == "fits the shield" else 4000)
-    clock.now = 1000.051 if case == "after revoke_s" else 1000.05 - 1e-6
-    await s.acquire(ticket(priority=10, prompt=100))
-    assert taken == expected and s.preempted == len(expected)
-
-
-async def test_a_prompt_sent_to_an_idle_engine_is_never_taken_back() -> None:
-    clock = FakeClock()
-    s = _sched(clock, shield={"revoke_s": 0.05})
-    (await s.acquire(ticket(priority=10, prompt=50))).release(None, "ok")  # seen, and gone
-    big = await s.acquire(ticket(priority=5, prompt=4000))  # the engine starts it at once
-    taken: list[int] = []
-    big.arm(lambda: taken.append(1))
-    await s.acquire(ticket(priority=10, prompt=100))
-    assert taken == [] and s.preempted == 0 and _pending(s) == 4100
 
 
 async def test_a_request_queued_again_is_neither_shed_nor_refused_nor_displaced() -> None:

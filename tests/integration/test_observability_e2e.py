@@ -61,7 +61,6 @@ UNREACHED = {
     "omnigate_usage_inferred": "every answer here carries usage (tests/tenants/test_charge_e2e.py leaves)",
     "omnigate_client_disconnects": "the script has no disconnect (tests/gateway/test_proxy.py cuts streams)",
     "omnigate_loans_revoked": "lending is off by default (test_admission_e2e.py revokes loans)",
-    "omnigate_preempted": "one band, one tenant: nothing to preempt for (test_admission_e2e.py preempts)",
     "omnigate_circuit_transitions": "no circuit opens here (tests/gateway/test_circuit_e2e.py opens one)",
     "omnigate_edge_refusals": "no connection is refused at the edge (tests/gateway/test_edge_e2e.py)",
     "omnigate_ttfa_seconds": "no answer speaks here (tests/gateway/test_speech_e2e.py measures speech)",
