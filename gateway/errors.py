@@ -69,6 +69,7 @@ class ErrorCode(StrEnum):
     QUOTA_STORE_UNAVAILABLE = "quota_store_unavailable"
     # admission
     SLO_UNATTAINABLE = "slo_unattainable"
+    CAPACITY_UNAVAILABLE = "capacity_unavailable"  # a deadline refusal while the pool has lost backends
     QUEUE_FULL = "queue_full"
     QUEUE_TIMEOUT = "queue_timeout"
     DISPLACED = "displaced"
@@ -90,6 +91,7 @@ class RejectionReason(StrEnum):
     QUOTA = "quota"
     BUDGET = "budget"
     SLO_UNATTAINABLE = "slo_unattainable"
+    CAPACITY_UNAVAILABLE = "capacity_unavailable"
     DISPLACED = "displaced"
     QUEUE_FULL = "queue_full"
     BAD_INPUT = "bad_input"
@@ -99,6 +101,7 @@ class RejectionReason(StrEnum):
 
 _REASON_OF_CODE: dict[str | None, RejectionReason] = {
     ErrorCode.SLO_UNATTAINABLE: RejectionReason.SLO_UNATTAINABLE,
+    ErrorCode.CAPACITY_UNAVAILABLE: RejectionReason.CAPACITY_UNAVAILABLE,
     ErrorCode.DISPLACED: RejectionReason.DISPLACED,
     ErrorCode.QUEUE_FULL: RejectionReason.QUEUE_FULL,
     ErrorCode.QUEUE_TIMEOUT: RejectionReason.QUEUE_FULL,
@@ -107,7 +110,12 @@ _REASON_OF_CODE: dict[str | None, RejectionReason] = {
     ErrorCode.SHUTTING_DOWN: RejectionReason.SHUTTING_DOWN,
 }
 CAPACITY_REJECTIONS = frozenset(
-    {RejectionReason.SLO_UNATTAINABLE, RejectionReason.DISPLACED, RejectionReason.QUEUE_FULL}
+    {
+        RejectionReason.SLO_UNATTAINABLE,
+        RejectionReason.CAPACITY_UNAVAILABLE,
+        RejectionReason.DISPLACED,
+        RejectionReason.QUEUE_FULL,
+    }
 )
 """Refusals for lack of capacity: they count against the class's SLO attainment."""
 

@@ -286,6 +286,7 @@ class CompletionEndpoint:
                     and any(b.available and b.url not in exclude for b in pool.backends)
                 ):
                     metrics.UPSTREAM_RETRIES.labels(pool.name).inc()
+                    requeued = True  # admitted work that lost its backend keeps its place: not new work
                     log.warning(
                         "request %s: %s on %s; retrying on another backend",
                         ticket.id,

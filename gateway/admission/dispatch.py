@@ -32,8 +32,9 @@ from gateway.admission.queue import Entry
 from gateway.admission.rounds import Rounds
 from gateway.admission.settings import ShieldPolicy
 from gateway.admission.shield import SHIELD_MISSES, Shield
-from gateway.admission.slots import Holdings, SlotTurnover, slot_margin, slot_miss
+from gateway.admission.slots import Holdings, slot_margin, slot_miss
 from gateway.admission.standing import Standing
+from gateway.admission.turnover import SlotTurnover
 from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
 
@@ -165,7 +166,8 @@ class Dispatcher:
         """Seconds until a backend could take `entry` by every budget but the round's prefill budget
         (which frees itself within `round_s`), with `ahead` requests to be placed before it: 0.0 when the
         slots its rules leave free (over the backends it may use) cover them and it; else the releases
-        still lacking at the pool's recent turnover (`SlotTurnover`: the backends' release rates add up);
+        still lacking at the pool's turnover (`SlotTurnover`: each usable backend's running requests over
+        its mean hold time, the rates adding up — a backend marked unavailable adds nothing);
         None when nothing can be predicted (KV full, no recent releases, own constraints). What the guard
         asks before refusing a request by prediction: past the head, slots — not prefill — are what a
         tenant held to its share, or any request when decodes fill every slot, waits for."""
@@ -177,8 +179,7 @@ class Dispatcher:
                 continue
             margins.append(slot_margin(entry.ticket, b, ctx.limits[b.url], ctx.rule, self.holdings))
             turnover = self.turnover.get(b.url)
-            gap = None if turnover is None else turnover.gap(now, max_age_s)
-            rate += 1 / gap if gap else 0.0
+            rate += (turnover and turnover.rate(b.active, now, max_age_s)) or 0.0
         if not margins:
             return None
         free = sum(m for m in margins if m > 0)
@@ -213,6 +214,7 @@ class Dispatcher:
             loan=loan,
         )
         self.holdings.add(backend.url, ticket)
+        self.turnover.setdefault(backend.url, SlotTurnover()).taken(id(ticket), ctx.now)
         occupy(backend, ticket)
         self.rounds.spend(backend.url, prio, tokens)
         if not loan:
@@ -224,4 +226,4 @@ class Dispatcher:
         vacate(backend, ticket)
         self.shield.started(backend.url, ticket)
         self.holdings.remove(backend.url, ticket)
-        self.turnover.setdefault(backend.url, SlotTurnover()).released(now)
+        self.turnover[backend.url].freed(id(ticket), now)

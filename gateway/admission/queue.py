@@ -46,7 +46,7 @@ class Entry:
     charge: float = 0.0  # VTC charge of the estimate, made at dispatch
     seq: int = 0
     exclude: frozenset[str] = frozenset()
-    requeued: bool = False  # dispatched and taken back: admitted already, never refused or shed again
+    requeued: bool = False  # dispatched, then taken back or failed before its first byte: admitted already
     queued: bool = field(default=False, repr=False)
 
     @property

@@ -10,6 +10,7 @@ Each decision is one frozen `Decision` (decision.py) built here and handed to th
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -31,6 +32,7 @@ from gateway.admission.shares import ReplicaShares
 from gateway.admission.shedding import PrefillRate, QueueGuard, SlotWait, displaced_error
 from gateway.admission.slots import SlotRule
 from gateway.admission.state import PoolView, pool_snapshot
+from gateway.admission.turnover import capacity_lost
 from gateway.admission.window import QueueLoad, hold, under_load
 from gateway.backends.state import BackendState
 from gateway.errors import ApiError, ErrorCode
@@ -62,7 +64,8 @@ class PoolScheduler:
         self.dispatcher = Dispatcher(engine_priorities)
         self.queue = SLOQueue(self.counters, standing=self._under_share)
         self.rate = PrefillRate(current.queue)
-        self.guard = QueueGuard(self.queue, self.rate, pool, slot_wait=self._slot_wait)
+        lost = functools.partial(capacity_lost, pool, backends)
+        self.guard = QueueGuard(self.queue, self.rate, pool, slot_wait=self._slot_wait, capacity_lost=lost)
         self.metering = Metering()
         self.limits: dict[str, Limit] = {}
         self.window_s = 0.0  # the window's hold as the last dispatch pass computed it (a gauge)
@@ -110,8 +113,8 @@ class PoolScheduler:
 
     async def acquire(self, ticket: Ticket, *, exclude: Iterable[str] = (), requeued: bool = False) -> Lease:
         """Wait until `ticket` is dispatched; raises ApiError when refused, shed or displaced. `requeued`:
-        it was dispatched and taken back (a loan revoked) — admitted already, it is
-        neither refused nor shed nor displaced again."""
+        it was dispatched and taken back (a loan revoked, or its backend failed before the first byte) —
+        admitted already, it is neither refused nor shed nor displaced again."""
         settings = self.settings()
         slo = settings.queue.classes.get(ticket.traffic_class)
         if slo is None:

@@ -3,16 +3,21 @@
 Predicted start = now + (prefill tokens the queue dispatches first, SLOQueue.projected) / (per-backend
 prefill rate × available backends — this replica's part of them when replicas share the engines, one
 backend's worth when none is available); predicted first token = start + own prefill tokens / per-backend
-rate. A request of a class that sheds by deadline is refused (429 `slo_unattainable`) as soon as its
-predicted first token falls after its deadline: at enqueue, and again on every sweep while it waits — unless
-nothing is queued ahead of it (the head) and either a backend has room, when it starts now whatever the
-prediction, or it waits only for a slot that the backends' recent turnover frees in time for its own prefill
-at the engine's nominal rate. Past the head the slots are predicted too: the requests ahead take the free
-slots first, and the ones lacking free at the pool's recent turnover — when decodes hold every slot (or a
-tenant is held to its share), that, not prefill, is the wait.
+rate. A request of a class that sheds by deadline is refused as soon as its predicted first token falls
+after its deadline — 429 `slo_unattainable` while the pool has its whole capacity, 503
+`capacity_unavailable` once it has lost a backend (turnover.capacity_lost: the server's loss, not the
+client's excess) — at enqueue, and again on every sweep while it waits — unless nothing is queued ahead
+of it (the head) and either a backend has room, when it starts now whatever the prediction, or it waits
+only for a slot that the backends' turnover frees in time for its own prefill at the engine's nominal
+rate. Past the head the slots are predicted too: the requests ahead take the free slots first, and the
+ones lacking free at the pool's turnover — when decodes hold every slot (or a tenant is held to its
+share), that, not prefill, is the wait.
 Depth is capped per class; when full, a more urgent arrival displaces the newest request of the lowest
 band below it (503 `displaced`), else it is refused (503 `queue_full`). Every class is bounded by its
-max wait (503 `queue_timeout`). Every refusal is counted by (reason, class).
+max wait (503 `queue_timeout`). A request queued again after its dispatch (`Entry.requeued`: a loan
+revoked, a prompt preempted, its backend failed before the first byte) was admitted: it is never
+refused, shed by deadline or displaced, and bound by its max wait only while no backend is available (it
+would wait for nothing). Every refusal is counted by (reason, class).
 """
 
 from __future__ import annotations
@@ -113,11 +118,13 @@ class QueueGuard:
         rate: PrefillRate,
         pool: str,
         slot_wait: SlotWait | None = None,
+        capacity_lost: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.queue = queue
         self.rate = rate
         self.pool = pool
         self.slot_wait = slot_wait
+        self.capacity_lost = capacity_lost  # what the pool lost (turnover.capacity_lost); None: whole
         self.rejections: Counter[tuple[str, str]] = Counter()
 
     def predict(self, entry: Entry, now: float, backends: float, ahead: int | None = None) -> Prediction:
@@ -167,7 +174,7 @@ class QueueGuard:
         slot_wait = slot_wait or self.slot_wait
         out: list[tuple[Entry, ApiError]] = []
         for entry in self.queue.entries():
-            if now - entry.enqueued_at >= entry.slo.max_wait_s and not entry.requeued:
+            if now - entry.enqueued_at >= entry.slo.max_wait_s and (not entry.requeued or not backends):
                 self.queue.remove(entry)
                 err = ApiError(
                     503,
@@ -201,33 +208,70 @@ class QueueGuard:
         tokens, `entries_ahead`: requests, dispatched before it (0: the head)."""
         if not entry.slo.shed_by_deadline or entry.requeued:
             return None
-        if entries_ahead == 0 and self._in_time(entry, now, 0, slot_wait):
+
+        def ask() -> float | None:  # asked only where it decides: it costs a dispatcher decision
+            return None if slot_wait is None else slot_wait(entry, now, entries_ahead)
+
+        head = entries_ahead == 0
+        wait = ask() if head else None
+        if head and self._in_time(entry, now, 0, wait):
             return None
         p = self.predict(entry, now, backends, ahead)
-        if p.first_token <= entry.deadline and (
-            entries_ahead == 0 or self._in_time(entry, now, entries_ahead, slot_wait)
-        ):
-            return None
-        err = ApiError(
-            429,
-            f"Cannot meet the {entry.ticket.traffic_class} deadline: first token predicted in "
-            f"{p.first_token - now:.3f}s, deadline in {entry.deadline - now:.3f}s.",
-            code=ErrorCode.SLO_UNATTAINABLE,
-            retry_after=max(1.0, p.start - now),
-        )
-        return self._refuse(ErrorCode.SLO_UNATTAINABLE, entry.ticket.traffic_class, err)
+        if p.first_token <= entry.deadline:
+            if head:
+                return None
+            wait = ask()
+            if self._in_time(entry, now, entries_ahead, wait):
+                return None
+        elif not head:
+            wait = ask()  # for the refusal's words
+        return self._deadline_refusal(entry, now, p, wait)
 
-    def _in_time(self, entry: Entry, now: float, entries_ahead: int, slot_wait: SlotWait | None) -> bool:
-        """Will `entry` get a slot after the `entries_ahead` before it, and prefill, before its deadline?
-        Room now: yes, whatever the rate. Unpredictable slots: no for the head (the queue prediction then
-        decides alone), yes past it (only the prefill prediction speaks)."""
-        wait = None if slot_wait is None else slot_wait(entry, now, entries_ahead)
+    def _in_time(self, entry: Entry, now: float, entries_ahead: int, wait: float | None) -> bool:
+        """Will `entry` get a slot `wait` seconds from now (after the `entries_ahead` before it), and
+        prefill, before its deadline? Room now: yes, whatever the rate. Unpredictable slots: no for the
+        head (the queue prediction then decides alone), yes past it (only the prefill prediction speaks)."""
         if wait is None:
             return entries_ahead > 0
-        if wait == 0.0:
-            return True
-        nominal = max(self.rate.at(now), self.rate.policy.initial_prefill_tokens_per_s)
-        return now + wait + entry.prompt_tokens / nominal <= entry.deadline
+        return wait == 0.0 or now + wait + entry.prompt_tokens / self._nominal(now) <= entry.deadline
+
+    def _nominal(self, now: float) -> float:
+        """The prefill rate of a request that goes next: the engine's, not the queue-polluted measure."""
+        return max(self.rate.at(now), self.rate.policy.initial_prefill_tokens_per_s)
+
+    def _deadline_refusal(self, entry: Entry, now: float, p: Prediction, wait: float | None) -> ApiError:
+        """429 `slo_unattainable` while the pool has its whole capacity (the client asks more than it
+        can serve in time); 503 `capacity_unavailable` once it has lost backends (the server's loss: a
+        client that backs off as from a 429 would wait for nothing it caused). Either names the predicted
+        slot and first token against the deadline; Retry-After is when the predicted wait ends."""
+        cls = entry.ticket.traffic_class
+        first = p.first_token
+        slot = "no slot turnover measured"
+        if wait is not None:
+            first = max(first, now + wait + entry.prompt_tokens / self._nominal(now))
+            slot = f"a slot free in {wait:.3f}s"
+        budget = entry.slo.deadline_budget_s
+        said = (
+            f"{slot}, first token predicted in {first - now:.3f}s; the deadline is in "
+            f"{entry.deadline - now:.3f}s" + ("" if budget is None else f" (SLO {budget:g}s)")
+        )
+        retry_after = max(1.0, p.start - now, wait or 0.0)
+        lost = self.capacity_lost()
+        if lost is None:
+            err = ApiError(
+                429,
+                f"Cannot meet the {cls} deadline: {said}.",
+                code=ErrorCode.SLO_UNATTAINABLE,
+                retry_after=retry_after,
+            )
+            return self._refuse(ErrorCode.SLO_UNATTAINABLE, cls, err)
+        err = ApiError(
+            503,
+            f"Capacity lost ({lost}), the {cls} deadline cannot be met: {said}.",
+            code=ErrorCode.CAPACITY_UNAVAILABLE,
+            retry_after=retry_after,
+        )
+        return self._refuse(ErrorCode.CAPACITY_UNAVAILABLE, cls, err)
 
     def _refuse(self, reason: str, traffic_class: str, err: ApiError) -> ApiError:
         self.rejections[(reason, traffic_class)] += 1

@@ -16,14 +16,13 @@ on who may take a slot (`slot_miss`):
 - **Step-down relief**: when the limit falls below the running set, a top-band request does not count
   the slots lower bands hold beyond their own ceiling (`limit − band reserve`) — they took them under
   the old limit and cannot take more, so the excess only drains, and the top band keeps its headroom.
-Every ceiling stays ≥ 1. `SlotTurnover` measures how fast a backend's slots free, for the deadline
-re-check of a head request that is waiting only for a slot.
+Every ceiling stays ≥ 1. How fast the slots free, for predicting a slot's wait, is turnover.py's.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -32,9 +31,6 @@ from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
 
 K = TypeVar("K")
-
-TURNOVER_SAMPLES = 16
-"""Releases per backend the turnover estimate averages over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,20 +148,3 @@ def _decrement(counts: Counter[K], key: K) -> None:
     counts[key] -= 1
     if not counts[key]:
         del counts[key]
-
-
-class SlotTurnover:
-    """How fast one backend's slots free: the mean gap between its recent releases (any outcome)."""
-
-    def __init__(self) -> None:
-        self._times: deque[float] = deque(maxlen=TURNOVER_SAMPLES)
-
-    def released(self, now: float) -> None:
-        self._times.append(now)
-
-    def gap(self, now: float, max_age_s: float) -> float | None:
-        """The mean seconds between recent releases; None without two of them."""
-        recent = [t for t in self._times if t > now - max_age_s]
-        if len(recent) < 2:
-            return None
-        return (recent[-1] - recent[0]) / (len(recent) - 1)

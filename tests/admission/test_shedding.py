@@ -225,3 +225,51 @@ def test_past_the_head_the_slots_the_requests_ahead_take_are_predicted_too() -> 
     per_release["s"] = None  # no turnover to predict from: past the head only the prefill prediction speaks
     g.admit(third, now=1000.0, backends=1)
     assert [e for e in g.queue.ordered()] == [first, second, third]
+
+
+def test_a_deadline_refusal_is_the_servers_503_once_the_pool_has_lost_capacity() -> None:
+    """Issue #18: a refusal caused by lost backends is no client's excess — 503 with Retry-After, never a
+    429 — and either names the predicted slot against the deadline and the SLO."""
+    rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=100_000.0))  # prefill is never the wait
+    lost: dict[str, str | None] = {"now": None}
+    g = QueueGuard(
+        SLOQueue(VirtualTokenCounters()),
+        rate,
+        "interactive",
+        slot_wait=lambda e, now, ahead: (ahead + 1) * 0.5,  # a slot every 0.5 s, none free
+        capacity_lost=lambda: lost["now"],
+    )
+    for _ in range(2):
+        g.admit(entry(ticket(prompt=100, deadline=1001.2)), now=1000.0, backends=2)
+    with pytest.raises(ApiError) as whole:  # two ahead: its slot frees in 1.5 s, past its deadline
+        g.admit(entry(ticket(prompt=100, deadline=1001.2)), now=1000.0, backends=2)
+    err = whole.value
+    assert (err.status, err.code, err.retry_after) == (429, "slo_unattainable", 1.5)
+    assert err.message == (
+        "Cannot meet the interactive deadline: a slot free in 1.500s, first token predicted in 1.501s; "
+        "the deadline is in 1.200s (SLO 2s)."
+    )
+    lost["now"] = "1 of 2 backends of pool interactive unavailable"
+    with pytest.raises(ApiError) as server:
+        g.admit(entry(ticket(prompt=100, deadline=1001.2)), now=1000.0, backends=1)
+    err = server.value
+    assert (err.status, err.code, err.type) == (503, "capacity_unavailable", "service_unavailable")
+    assert err.response_headers() == {"retry-after": "2"}
+    assert err.message == (
+        "Capacity lost (1 of 2 backends of pool interactive unavailable), the interactive deadline cannot "
+        "be met: a slot free in 1.500s, first token predicted in 1.501s; the deadline is in 1.200s (SLO 2s)."
+    )
+    assert g.rejections == {
+        ("slo_unattainable", "interactive"): 1,
+        ("capacity_unavailable", "interactive"): 1,
+    }
+
+
+def test_admitted_work_queued_again_outwaits_its_max_wait_only_while_a_backend_is_available() -> None:
+    g = _guard()
+    again = entry(ticket(prompt=100), TIGHT)
+    again.requeued = True  # its backend failed before the first byte: it was admitted already
+    g.admit(again, now=1000.0, backends=1)
+    assert g.sweep(now=1100.0, backends=1) == []  # past its max wait and its deadline: it keeps its place
+    shed = g.sweep(now=1100.0, backends=0)  # nothing left to wait for
+    assert [(e, err.status, err.code) for e, err in shed] == [(again, 503, "queue_timeout")]

@@ -9,7 +9,8 @@ from gateway.admission.dispatch import Dispatcher
 from gateway.admission.fairness import VirtualTokenCounters
 from gateway.admission.queue import SLOQueue
 from gateway.admission.scheduler import PoolScheduler
-from gateway.admission.slots import Holdings, SlotRule, SlotTurnover, slot_margin, slot_miss
+from gateway.admission.slots import Holdings, SlotRule, slot_margin, slot_miss
+from gateway.admission.turnover import SlotTurnover
 from gateway.backends.state import BackendState
 from tests.admission.helpers import FakeClock, backends, decision, entry, policy, settle, spawn, ticket
 
@@ -95,15 +96,6 @@ def test_a_tenant_held_back_by_its_share_is_skipped_not_blocking_the_others() ->
     assert d.blocked_by(first, pool, ctx) == {"http://b0": "tenant_share"}
 
 
-def test_turnover_is_the_mean_gap_between_recent_releases() -> None:
-    t = SlotTurnover()
-    assert t.gap(10.0, 30.0) is None
-    for at in (1.0, 1.5, 2.0, 3.0):
-        t.released(at)
-    assert t.gap(3.0, 30.0) == 2.0 / 3
-    assert t.gap(32.0, 30.0) is None  # releases older than max_age: no turnover to predict from
-
-
 def test_slot_wait_is_zero_with_room_for_those_ahead_else_lacking_releases_at_the_pool_rate() -> None:
     pool, d = backends(2), Dispatcher()
     ctx = decision(rule=BANDS, limit=4)
@@ -114,11 +106,11 @@ def test_slot_wait_is_zero_with_room_for_those_ahead_else_lacking_releases_at_th
     assert d.slot_wait(high, pool, ctx, 10.0, 30.0, ahead=1) == 0.0
     assert d.slot_wait(high, pool, ctx, 10.0, 30.0, ahead=2) is None  # lacks one: no rate
     assert d.slot_wait(low, pool, ctx, 10.0, 30.0) is None  # no releases seen yet
-    for at in (8.0, 9.0):
-        d.turnover.setdefault("http://b0", SlotTurnover()).released(at)
-    for at in (9.0, 9.5):
-        d.turnover.setdefault("http://b1", SlotTurnover()).released(at)
-    # b0 frees a slot per second, b1 two: the pool three per second
+    for url, held in (("http://b0", 3.0), ("http://b1", 1.5)):
+        d.turnover[url] = SlotTurnover()
+        d.turnover[url].taken(1, 9.0 - held)
+        d.turnover[url].freed(1, 9.0)
+    # 3 running on each: b0 holds a slot 3 s and frees one per second, b1 two: the pool three per second
     assert d.slot_wait(low, pool, ctx, 10.0, 30.0) == 1 / 3
     assert d.slot_wait(low, pool, ctx, 10.0, 30.0, ahead=5) == 2.0
     assert d.slot_wait(high, pool, ctx, 10.0, 30.0, ahead=3) == 2 / 3  # 2 free, 2 lacking
@@ -129,14 +121,14 @@ def test_slot_wait_is_zero_with_room_for_those_ahead_else_lacking_releases_at_th
 def test_dispatcher_release_undoes_commit_and_times_the_slot() -> None:
     b, d = backends(1)[0], Dispatcher()
     t = ticket(tenant="a", priority=0, prompt=10)
-    d.commit(t, b, decision())
+    d.commit(t, b, decision(now=4.0))
     assert d.holdings.below(b.url, 10) == 1 and d.holdings.of_tenant(b.url, 0, "a") == 1
     assert d.holdings.tenants() == {(0, "a")}
     d.release(t, b, 5.0)
     assert (b.active, d.holdings.below(b.url, math.inf), d.holdings.tenants()) == (0, 0, set())
-    d.commit(t, b, decision())
+    d.commit(t, b, decision(now=6.5))
     d.release(t, b, 7.0)
-    assert d.turnover[b.url].gap(7.0, 30.0) == 2.0
+    assert d.turnover[b.url].hold(7.0, 30.0) == 0.75  # 1 s and 0.5 s, from each commit's decision time
 
 
 def _ten_slots(reserve_hold_s: float | None, clock: FakeClock) -> PoolScheduler:

@@ -19,6 +19,7 @@ GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
         (429, ErrorCode.MONTHLY_BUDGET_EXCEEDED, RejectionReason.BUDGET),
         (429, ErrorCode.TOTAL_TPM_EXCEEDED, RejectionReason.QUOTA),
         (429, ErrorCode.SLO_UNATTAINABLE, RejectionReason.SLO_UNATTAINABLE),
+        (503, ErrorCode.CAPACITY_UNAVAILABLE, RejectionReason.CAPACITY_UNAVAILABLE),
         (503, ErrorCode.QUEUE_FULL, RejectionReason.QUEUE_FULL),
         (503, ErrorCode.QUEUE_TIMEOUT, RejectionReason.QUEUE_FULL),
         (503, ErrorCode.DISPLACED, RejectionReason.DISPLACED),
