@@ -258,20 +258,12 @@ class QueueGuard:
         retry_after = max(1.0, p.start - now, wait or 0.0)
         lost = self.capacity_lost()
         if lost is None:
-            err = ApiError(
-                429,
-                f"Cannot meet the {cls} deadline: {said}.",
-                code=ErrorCode.SLO_UNATTAINABLE,
-                retry_after=retry_after,
-            )
-            return self._refuse(ErrorCode.SLO_UNATTAINABLE, cls, err)
-        err = ApiError(
-            503,
-            f"Capacity lost ({lost}), the {cls} deadline cannot be met: {said}.",
-            code=ErrorCode.CAPACITY_UNAVAILABLE,
-            retry_after=retry_after,
-        )
-        return self._refuse(ErrorCode.CAPACITY_UNAVAILABLE, cls, err)
+            status, code, message = 429, ErrorCode.SLO_UNATTAINABLE, f"Cannot meet the {cls} deadline"
+        else:
+            status, code = 503, ErrorCode.CAPACITY_UNAVAILABLE
+            message = f"Capacity lost ({lost}), the {cls} deadline cannot be met"
+        err = ApiError(status, f"{message}: {said}.", code=code, retry_after=retry_after)
+        return self._refuse(code, cls, err)
 
     def _refuse(self, reason: str, traffic_class: str, err: ApiError) -> ApiError:
         self.rejections[(reason, traffic_class)] += 1
