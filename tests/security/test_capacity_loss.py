@@ -8,7 +8,9 @@ refused their connection were judged again as new work — though the backend th
 rest well inside the SLO. Now every request is served with its first token within the SLO or told 503
 with Retry-After (never a 429: the client caused nothing), and every counter returns to zero. Both ways
 the loss can meet the burst are attacked: noticed by a health check first, or not yet (each request
-sent to the dead backend fails its connection and is retried on the other).
+sent to the dead backend fails its connection and is retried on the other). A last test holds the rule
+both ways: a deadline too tight for a burst is the client's 429 at whole capacity, the server's 503
+once a backend is lost.
 """
 
 from __future__ import annotations
