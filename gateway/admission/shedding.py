@@ -15,7 +15,7 @@ share), that, not prefill, is the wait.
 Depth is capped per class; when full, a more urgent arrival displaces the newest request of the lowest
 band below it (503 `displaced`), else it is refused (503 `queue_full`). Every class is bounded by its
 max wait (503 `queue_timeout`). A request queued again after its dispatch (`Entry.requeued`: a loan
-revoked, a prompt preempted, its backend failed before the first byte) was admitted: it is never
+revoked, or its backend failed before the first byte) was admitted: it is never
 refused, shed by deadline or displaced, and bound by its max wait only while no backend is available (it
 would wait for nothing). Every refusal is counted by (reason, class).
 """
