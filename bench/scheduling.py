@@ -25,6 +25,9 @@ Scenarios (each a flag-sized run; `--duration` is simulated seconds per run):
   requests together: one run's P99 is its third-worst request and swings ±30 % between seeds).
 - mixed: interactive (high priority) beside an offline flood in one pool; interactive attainment ≥ 99 %
   while offline uses ≥ 80 % of the capacity interactive leaves (capacity: an offline-only run).
+- speech: text chat, chat with audio out and /v1/audio/speech on one simulated sglang-omni server, direct vs
+  omnigate (staged capacity); targets: speech RTF P99 < 1, text TTFT P99 within its SLO, peak goodput ≥
+  1.5× direct.
 - lending: the same targets with separate pools — an offline pool of its own engines whose whole
   requests borrow the interactive engines (lending on, `max_load` 1.0) and give them back when an
   interactive request waits; capacity = the offline flood alone on both pools' engines.
@@ -92,6 +95,7 @@ def scaled_policy(base: Policy, k: float, controller: dict[str, Any]) -> dict[st
     if q["priorities"]["reserve_hold_s"] is not None:
         q["priorities"]["reserve_hold_s"] /= k
     b["round_s"] /= k
+    b["stages"]["rtf_target"] /= k  # wall seconds per audio second: the audio is not compressed
     b["shield"]["hold_s"] /= k
     w["max_window_s"] /= k
     for acc in w["accumulate"].values():
@@ -145,8 +149,10 @@ class House:
         controller: dict[str, Any],
         lend: dict[str, Any] | None = None,
         store: dict[str, Any] | None = None,
+        pools: list[dict[str, Any]] | None = None,
     ) -> Path:
-        """The config file (and its policy) of `gateway`; `store` replaces the in-memory tenant store."""
+        """The config file (and its policy) of `gateway`; `store` replaces the in-memory tenant store,
+        `pools` the pool of `sims`."""
         work = self.procs.workdir
         policy = scaled_policy(self.policy, self.k, controller)
         if lend is not None:
@@ -158,7 +164,7 @@ class House:
             policy["window"]["accumulate"].pop("offline")
         (work / f"{name}-policy.yaml").write_text(yaml.safe_dump(policy))
         pool = {"models": [MODEL], "priority_scheduling": True, "health_interval_s": 0.25}
-        pools = [{"name": "interactive", "backends": self.sims, **pool}]
+        pools = pools or [{"name": "interactive", "backends": self.sims, **pool}]
         if lend is not None:
             pools.append({"name": "offline", "backends": self.offline_sims, **pool})
         config = {
@@ -195,6 +201,9 @@ class House:
             snap = pool.json()["pools"]["interactive"]
             limits = [b["limit"] for b in snap["backends"]]
             print(f"  {name}: rejections {snap['rejections']}, final limits {limits}", flush=True)
+            if any("budget" in st for b in snap["backends"] for st in b["stages"]):
+                budgets = [{st["stage"]: st["budget"] for st in b["stages"]} for b in snap["backends"]]
+                print(f"  {name}: final stage budgets {budgets}", flush=True)
             revoked = [
                 line.rsplit(" ", 1)[1]
                 for line in httpx.get(url + "/metrics", timeout=5).text.splitlines()
@@ -228,6 +237,53 @@ class House:
                     if line.startswith("sglang:generation_tokens_total"):
                         total += float(line.rsplit(" ", 1)[1])
         return total
+
+
+class OmniHouse(House):
+    """One simulated sglang-omni server (the `later` release: caps 64 / 32, text answers on the thinker
+    only) and a gateway with it as its `kind: sglang-omni` pool, for the speech scenario."""
+
+    def __init__(self, procs: Procs, k: float, policy: Policy) -> None:
+        super().__init__(procs, k, 0, policy)
+        port = free_port()
+        argv = [sys.executable, "-m", "loadtest.sim", "--api", "sglang-omni", "--omni-release", "later"]
+        argv += ["--host", "127.0.0.1", "--port", str(port), "--time-scale", repr(k), "--model", MODEL]
+        procs.start("omni-sim", [*argv, "--seed", "11"])
+        wait_http(port, "/health", 60, procs, "omni-sim")
+        self.url = f"http://127.0.0.1:{port}"
+
+    @property
+    def engines(self) -> list[str]:
+        return []  # no sglang:* metrics to scrape
+
+    def omni_gateway(self, name: str) -> str:
+        pool = {
+            "name": "interactive",
+            "kind": "sglang-omni",
+            "sglang_omni": {"version": "later"},
+            "models": [MODEL],
+            "backends": [self.url],
+            "health_interval_s": 0.25,
+        }
+        return self.start_gateway(name, self.gateway_config(name, {}, pools=[pool]))
+
+    async def _accounting(self) -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+            doc: dict[str, Any] = (await client.get(self.url + "/sim/omni/accounting?limit=0")).json()
+            return doc
+
+    async def drained(self) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (await self._accounting())["tracked"] == 0:
+                return
+            await asyncio.sleep(0.2)
+        raise RuntimeError("the omni server is still busy after the drain timeout")
+
+    async def generated_tokens(self) -> float:
+        """Thinker and talker tokens the server made (its own accounting)."""
+        totals = (await self._accounting())["totals"]
+        return float(totals["thinker_tokens"] + totals["talker_tokens"])
 
 
 # -- load -----------------------------------------------------------------------------------------------
@@ -386,10 +442,10 @@ def tpot_p99(s: Stream) -> float:
 
 
 # -- scenarios ------------------------------------------------------------------------------------------
-async def compare(house: House, args: argparse.Namespace, mix: str) -> list[str]:
-    cap = MIX_CAPACITY[mix] * len(house.sims)
-    over = {
-        "mix": MIXES[mix],
+def sawtooth(args: argparse.Namespace, cap: float, mix: dict[str, int]) -> dict[str, Any]:
+    """Workload overrides: `mix`, Poisson on a sawtooth from 0.3× to 2× `cap` (two periods a run)."""
+    return {
+        "mix": mix,
         "arrivals": {
             "shape": "sawtooth",
             "process": "poisson",
@@ -400,6 +456,11 @@ async def compare(house: House, args: argparse.Namespace, mix: str) -> list[str]
         "warmup": {"duration": 5, "rate": 0.3 * cap},
         "api_key": "sk-chat",
     }
+
+
+async def compare(house: House, args: argparse.Namespace, mix: str) -> list[str]:
+    cap = MIX_CAPACITY[mix] * len(house.sims)
+    over = sawtooth(args, cap, MIXES[mix])
     setups: list[tuple[str, dict[str, Any] | None]] = [("direct (cap 64)", None)]
     setups += [(f"fixed {n}", {"algorithm": "fixed", "initial": n, "min": n, "max": n}) for n in args.sweep]
     setups.append(("adaptive", {}))
@@ -635,6 +696,80 @@ async def beside_offline(
     return out
 
 
+SPEECH_MIX = {"text": 4, "audio_out": 3, "speech": 3}
+SPEECH_CAPACITY_RPS = 5.0  # requests/s the omni server keeps within the speech SLO (--speech-capacity)
+TTFA_SLO_S, RTF_SLO = 2.0, 1.0
+
+
+def speech_row(name: str, s: Stream) -> str:
+    """Goodput (whole run and sawtooth peak), text TTFT P99, speech TTFA / RTF P99, stalled streams."""
+    recs, slo = measured(s), s.workload.slo
+    by_bucket = {b: summarize([r for r in recs if r.bucket == b], slo) for b in SPEECH_MIX}
+    spoken = summarize([r for r in recs if r.bucket != "text"], slo)
+    whole = summarize(recs, slo)
+
+    def ms(summary: dict[str, Any], key: str) -> str:
+        v = (summary.get(key) or {}).get("p99")
+        return "—" if v is None else f"{v:.0f}"
+
+    rtf = (spoken.get("rtf") or {}).get("p99")
+    stalled = spoken.get("stalled_rate")
+    return (
+        f"| {name} | {whole['goodput']:.2f} | {peak_goodput(s):.2f} | {ms(by_bucket['text'], 'ttft_ms')} | "
+        f"{ms(by_bucket['audio_out'], 'ttfa_ms')} | {ms(by_bucket['speech'], 'ttfa_ms')} | "
+        f"{'—' if rtf is None else f'{rtf:.2f}'} | {'—' if stalled is None else f'{stalled:.0%}'} | "
+        f"{spoken.get('audio_seconds_per_s', 0.0):.1f} | {whole['rejection_rate']:.0%} |"
+    )
+
+
+async def speech(procs: Procs, args: argparse.Namespace, base: Policy) -> list[str]:
+    """Text chat, chat with audio out and /v1/audio/speech together on one simulated sglang-omni server,
+    sawtooth from 0.3× to 2× its capacity: clients going direct vs through omnigate (staged budgets)."""
+    house = OmniHouse(procs, args.time_scale, base)
+    cap = args.speech_capacity
+    slo = {"ttft_ms": TTFT_SLO_S * 1000, "ttfa_ms": TTFA_SLO_S * 1000, "rtf": RTF_SLO}
+    over = {
+        **sawtooth(args, cap, SPEECH_MIX),
+        "slo": slo,
+        # a voice assistant's turns: short prompts, spoken answers of ~60 tokens (~18 s of speech)
+        "prompt_tokens": {"dist": "lognormal", "median": 40, "sigma": 0.5, "min": 8, "max": 200},
+        "output_tokens": {"dist": "lognormal", "median": 60, "sigma": 0.5, "min": 8, "max": 300},
+    }
+    lines = [
+        f"\n### speech — {SPEECH_MIX} on one sglang-omni server (later), sawtooth {0.3 * cap:.1f}→"
+        f"{2.0 * cap:.1f} req/s; SLO TTFT ≤ {TTFT_SLO_S:g} s, TTFA ≤ {TTFA_SLO_S:g} s, RTF ≤ {RTF_SLO:g}\n",
+        "| run | goodput r/s | peak goodput r/s | text TTFT P99 ms | audio-out TTFA P99 ms "
+        "| speech TTFA P99 ms | RTF P99 | stalled streams | audio s/s | rejected |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    direct = Stream("direct", workload(args, "speech", **over))
+    await run(house, house.url, [direct])
+    lines.append(speech_row("direct", direct))
+    print(lines[-1], flush=True)
+    gw = house.omni_gateway("gw-speech")
+    through = Stream("omnigate", workload(args, "speech", **over))
+    try:
+        await run(house, gw, [through])
+    finally:
+        house.stop("gw-speech", gw)
+    lines.append(speech_row("omnigate", through))
+    print(lines[-1], flush=True)
+    spoken = summarize([r for r in measured(through) if r.bucket != "text"], through.workload.slo)
+    text = summarize([r for r in measured(through) if r.bucket == "text"], through.workload.slo)
+    rtf = (spoken.get("rtf") or {}).get("p99")
+    ttft = (text.get("ttft_ms") or {}).get("p99")
+    gain = peak_goodput(through) / max(peak_goodput(direct), 1e-9)
+    lines.append("")
+    lines.append(verdict("omnigate speech RTF P99 < 1", rtf is not None and rtf < RTF_SLO, f"{rtf}"))
+    lines.append(
+        verdict(
+            "omnigate text TTFT P99 within SLO", ttft is not None and ttft <= TTFT_SLO_S * 1000, f"{ttft} ms"
+        )
+    )
+    lines.append(verdict("peak goodput ≥ 1.5× direct", gain >= 1.5, f"{gain:.2f}×"))
+    return lines
+
+
 async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="omnigate-sched-") as tmp:
         procs = Procs(Path(tmp))
@@ -646,10 +781,15 @@ async def main_async(args: argparse.Namespace) -> None:
                 )
             chunk = args.chunked_prefill_size
             engine_args = [] if chunk is None else ["--chunked-prefill-size", str(chunk)]
-            house = House(procs, args.time_scale, args.backends, policy, engine_args)
+            house: House | None = None
             report: list[str] = []
             started = time.monotonic()
             for scenario in args.scenarios:
+                if scenario == "speech":  # its own simulated server: no plain engines needed
+                    report += await speech(procs, args, policy)
+                    continue
+                if house is None:
+                    house = House(procs, args.time_scale, args.backends, policy, engine_args)
                 if scenario == "compare":
                     for mix in args.workloads:
                         report += await compare(house, args, mix)
@@ -659,7 +799,7 @@ async def main_async(args: argparse.Namespace) -> None:
             print("\n".join(report))
             print(
                 f"\nwall time {time.monotonic() - started:.0f} s, time scale {args.time_scale:g}, "
-                f"{args.duration:g} simulated s per run, {len(house.sims)} engine(s)"
+                f"{args.duration:g} simulated s per run, {len(house.sims) if house else 0} engine(s)"
             )
         finally:
             procs.close()
@@ -727,6 +867,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--capacity", type=float, default=CAPACITY_RPS, help="req/s one engine serves (sizes rates)"
+    )
+    ap.add_argument(
+        "--speech-capacity",
+        type=float,
+        default=SPEECH_CAPACITY_RPS,
+        help="req/s of the speech mix one sglang-omni server serves (sizes the speech sawtooth)",
     )
     ap.add_argument(
         "--mix",

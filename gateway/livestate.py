@@ -78,7 +78,10 @@ class LiveState:
         model (its stages and their limits, as its kind reads them)."""
         out: dict[str, Any] = {"pools": {}}
         for name, pool in self.pools.items():
-            snap = self.schedulers[name].snapshot()
+            sched = self.schedulers[name]
+            snap = sched.snapshot()
+            book = sched.dispatcher.stages
+            head = next(sched.queue.ordered(), None)
             for entry, b in zip(snap["backends"], pool.backends, strict=True):
                 entry.update(
                     backend=b.name,
@@ -92,7 +95,9 @@ class LiveState:
                     stages=[
                         {"stage": s.name, "unit": s.unit, "limit": s.limit}
                         for s in pool.kind.capacity(b).stages
-                    ],
+                    ]
+                    if book is None
+                    else book.snapshot(b, None if head is None else head.ticket),
                 )
             out["pools"][name] = {"kind": pool.kind.name, **snap}
         return out

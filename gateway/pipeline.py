@@ -62,7 +62,14 @@ def engine_latencies(ticket: Ticket) -> tuple[float | None, float | None]:
     (non-streamed) answer shows no first token — it all arrives at once — so it gives no TTFT (taking
     the whole generation for one would read as a huge prefill and a missed TTFT SLO, and shrink the
     limit to its minimum under non-streaming traffic) and, as its TPOT, the time from dispatch per output
-    token: an upper bound (prefill and engine queueing included) that still rises with the batch."""
+    token: an upper bound (prefill and engine queueing included) that still rises with the batch. An answer
+    that speaks gives no TPOT: its end is the talker's pace (its real-time factor, gateway/admission/stages.py
+    reads it), not the thinker's decode."""
+    if ticket.voice is not None:
+        ttft = None
+        if ticket.stream and ticket.first_token_at is not None and ticket.dispatched_at is not None:
+            ttft = ticket.first_token_at - ticket.dispatched_at
+        return ttft, None
     dispatched, tokens = ticket.dispatched_at, ticket.usage.completion_tokens if ticket.usage else 0
     if not ticket.stream:
         done = ticket.finished_at

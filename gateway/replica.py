@@ -16,7 +16,9 @@ import anyio
 
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import AdmissionSettings
+from gateway.admission.stages import StageBook
 from gateway.backends.circuit import CircuitState, Transition
+from gateway.backends.kinds.base import BackendKind
 from gateway.backends.pool import Pool
 from gateway.backends.settings import CircuitPolicy
 from gateway.config import GatewayConfig
@@ -71,6 +73,7 @@ class Gateway:
                 clock=clock,
                 weight_of=self.weights.get,
                 engine_priorities=pool.config.priority_scheduling,
+                stages=self._stage_book(name, pool.kind),
             )
             for name, pool in self.pools.items()
         }
@@ -108,6 +111,12 @@ class Gateway:
             self.alerts.notify_circuit(t)
         if t.new != CircuitState.OPEN:
             self.schedulers[t.pool].pump()
+
+    def _stage_book(self, pool: str, kind: BackendKind) -> StageBook | None:
+        """Per-stage budgets for a staged kind's backends, from the pool's live budgets policy."""
+        if not kind.staged:
+            return None
+        return StageBook(kind, lambda: self.policy.current.admission.budgets.for_pool(pool).stages)
 
     def _pools_of_class(self, traffic_class: str) -> list[str]:
         return [name for name, p in self.pools.items() if (p.config.traffic_class or name) == traffic_class]

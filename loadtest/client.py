@@ -1,9 +1,11 @@
-"""One chat completion, measured the way vLLM's bench serve measures it.
+"""One chat completion (or speech request), measured the way vLLM's bench serve measures it.
 
 TTFT is taken at the first chunk carrying non-empty content (SGLang's opening role-only chunk with
-content "" is not a token), every later content chunk adds one ITL gap, E2E ends at the stream's last
-byte, and output tokens are the server's usage count (chunk count only if the server sent no usage).
-A whole (non-streamed) answer has its first token when it all arrives: TTFT = E2E, no ITL.
+content "" is not a token) or audio, every later content chunk adds one ITL gap, E2E ends at the stream's
+last byte, and output tokens are the server's usage count (chunk count only if the server sent no usage).
+A whole (non-streamed) answer has its first token when it all arrives: TTFT = E2E, no ITL. Audio (a chat's
+`delta.audio`, a speech chunk's `audio`) is timed per chunk with its seconds, read from its WAV header
+(gateway/speech/events.py): time to first audio, real-time factor and stalls follow from them.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from typing import Any
 
 import orjson
 
+from gateway.speech.events import read_json, speech_seconds
 from loadtest.http import HttpError, HttpPool, Response
 from loadtest.records import GATEWAY_HEADERS, RequestRecord
 
 CHAT_PATH = "/v1/chat/completions"
+SPEECH_PATH = "/v1/audio/speech"
 
 
 @dataclass(slots=True)
@@ -31,6 +35,7 @@ class PreparedRequest:
     tenant: str = ""
     priority: int | None = None
     traffic_class: str = ""
+    path: str = CHAT_PATH
 
 
 def error_code(status: int, body: bytes) -> str:
@@ -56,7 +61,7 @@ def _content(choice: dict[str, Any]) -> str:
 async def _consume(pool: HttpPool, req: PreparedRequest, rec: RequestRecord, t_sent: float) -> None:
     payload = orjson.dumps(req.body)
     headers = {"content-type": "application/json", "accept": "text/event-stream", **req.headers}
-    resp = await pool.request("POST", CHAT_PATH, payload, headers)
+    resp = await pool.request("POST", req.path, payload, headers)
     try:
         await _read_stream(resp, rec, t_sent)
     finally:
@@ -70,7 +75,15 @@ async def _read_stream(resp: Response, rec: RequestRecord, t_sent: float) -> Non
         rec.error = error_code(resp.status, await resp.read())
         rec.e2e = time.perf_counter() - t_sent
         return
-    if not resp.headers.get("content-type", "").startswith("text/event-stream"):
+    media_type = resp.headers.get("content-type", "")
+    if media_type.startswith("audio/"):  # a whole speech answer: its tokens in the headers
+        body = await resp.read()
+        rec.ttft = rec.ttfa = rec.e2e = time.perf_counter() - t_sent
+        rec.audio.append((rec.e2e, speech_seconds(body, resp.headers.get("x-sample-rate"))))
+        rec.output_tokens = int(resp.headers.get("x-completion-tokens") or 0)
+        rec.prompt_tokens = int(resp.headers.get("x-prompt-tokens") or 0)
+        return
+    if not media_type.startswith("text/event-stream"):
         _read_whole(await resp.read(), rec, time.perf_counter() - t_sent)
         return
     buf = b""
@@ -87,7 +100,13 @@ async def _read_stream(resp: Response, rec: RequestRecord, t_sent: float) -> Non
                 data = line[5:].strip()
                 if data == b"[DONE]":
                     continue
-                msg = orjson.loads(data)
+                msg, seconds = read_json(data)
+                if seconds is not None:
+                    rec.audio.append((now, seconds))
+                    if rec.ttfa is None:
+                        rec.ttfa = now
+                    if rec.ttft is None:
+                        rec.ttft = now
                 if "error" in msg:
                     err = msg["error"]
                     rec.error = str(err.get("code") or err.get("type") or "stream_error")
@@ -106,9 +125,12 @@ async def _read_stream(resp: Response, rec: RequestRecord, t_sent: float) -> Non
 
 
 def _read_whole(body: bytes, rec: RequestRecord, now: float) -> None:
-    msg = orjson.loads(body)
+    msg, seconds = read_json(body, scan=len(body))
     usage = msg.get("usage") or {}
     rec.ttft = rec.e2e = now
+    if seconds is not None:
+        rec.ttfa = now
+        rec.audio.append((now, seconds))
     rec.output_tokens = int(usage.get("completion_tokens") or 0)
     rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
 

@@ -43,8 +43,11 @@ def stats(values: list[float]) -> dict[str, float] | None:
 
 
 def tpot(rec: RequestRecord) -> float | None:
-    """Seconds per output token after the first; None for a whole answer (every token came at once)."""
+    """Seconds per output token after the first; None for a whole answer (every token came at once) and for
+    an answer of audio only (its pace is its real-time factor)."""
     if not rec.ok or rec.ttft is None or rec.e2e is None or rec.output_tokens <= 1 or rec.ttft == rec.e2e:
+        return None
+    if rec.audio and not rec.chunk_times:
         return None
     return (rec.e2e - rec.ttft) / (rec.output_tokens - 1)
 
@@ -62,7 +65,30 @@ def meets_slo(rec: RequestRecord, slo: Slo) -> bool:
     t = tpot(rec)
     if slo.tpot_ms is not None and t is not None and t * 1000 > slo.tpot_ms:
         return False
-    return not (slo.e2e_ms is not None and (rec.e2e is None or rec.e2e * 1000 > slo.e2e_ms))
+    if slo.e2e_ms is not None and (rec.e2e is None or rec.e2e * 1000 > slo.e2e_ms):
+        return False
+    speech = rec.speech
+    if speech is None:
+        return True
+    if slo.ttfa_ms is not None and (rec.ttfa is None or rec.ttfa * 1000 > slo.ttfa_ms):
+        return False
+    rtf = speech.rtf
+    return not (slo.rtf is not None and rtf is not None and rtf > slo.rtf)
+
+
+def _speech(ok: list[RequestRecord], per_s: Callable[[float], float]) -> dict[str, Any]:
+    """Time to first audio, real-time factor (streams of two chunks or more), the share of speaking streams
+    that stalled, audio seconds per second; nothing when no answer spoke."""
+    spoken = [(r, m) for r in ok if (m := r.speech) is not None]
+    if not spoken:
+        return {}
+    streams = [m for _, m in spoken if m.chunks > 1]
+    return {
+        "ttfa_ms": stats(_ms(r.ttfa for r, _ in spoken)),
+        "rtf": stats([rtf for m in streams if (rtf := m.rtf) is not None]),
+        "stalled_rate": sum(m.stalls > 0 for m in streams) / len(streams) if streams else None,
+        "audio_seconds_per_s": per_s(sum(m.seconds for _, m in spoken)),
+    }
 
 
 def _ms(values: Iterable[float | None]) -> list[float]:
@@ -111,6 +137,7 @@ def summarize(
         "tpot_ms": stats(_ms(tpot(r) for r in ok)),
         "itl_ms": stats(_ms(g for r in ok for g in itls(r))),
         "e2e_ms": stats(_ms(r.e2e for r in ok)),
+        **_speech(ok, per_s),
         "queue_ms": stats([q for r in records if (q := r.queue_ms) is not None]),
         "slo": slo.model_dump(),
         "slo_attainment": rate(good),

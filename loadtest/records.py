@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gateway.speech.meter import SpeechMeter
+
 # Response headers the gateway sets; recorded verbatim when present (absent against bare SGLang).
 GATEWAY_HEADERS = ("x-omnigate-queue-ms", "x-omnigate-backend", "x-omnigate-bucket", "x-omnigate-priority")
 
@@ -23,9 +25,11 @@ class RequestRecord:
     scheduled: float = 0.0
     sent: float = 0.0
     outer_wait: float = 0.0  # held back by the harness's in-flight cap (RunOptions.max_in_flight)
-    ttft: float | None = None
+    ttft: float | None = None  # the first output: a content token or audio
+    ttfa: float | None = None  # the first audio (answers that speak)
     e2e: float | None = None
     chunk_times: list[float] = field(default_factory=list)
+    audio: list[tuple[float, float]] = field(default_factory=list)  # (arrival, audio seconds) per chunk
     output_tokens: int = 0
     prompt_tokens: int = 0
     status: int = 0
@@ -53,6 +57,16 @@ class RequestRecord:
         except ValueError:
             return None
 
+    @property
+    def speech(self) -> SpeechMeter | None:
+        """The answer's audio as a player would have heard it (gateway/speech/meter.py); None: no audio."""
+        if not self.audio:
+            return None
+        meter = SpeechMeter()
+        for at, seconds in self.audio:
+            meter.add(at, seconds)
+        return meter
+
     def scaled(self, factor: float) -> RequestRecord:
         """The record with every time multiplied by factor (undoing a time-scaled simulator)."""
         out = RequestRecord(**asdict(self))
@@ -60,6 +74,8 @@ class RequestRecord:
         out.sent *= factor
         out.outer_wait *= factor
         out.ttft = None if self.ttft is None else self.ttft * factor
+        out.ttfa = None if self.ttfa is None else self.ttfa * factor
+        out.audio = [(at * factor, seconds) for at, seconds in self.audio]  # audio seconds are the clip's
         out.e2e = None if self.e2e is None else self.e2e * factor
         out.chunk_times = [c * factor for c in self.chunk_times]
         q = self.queue_ms

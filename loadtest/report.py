@@ -50,6 +50,10 @@ COLUMNS: list[tuple[str, Any, int]] = [
     ("ITL P99", lambda r: dig(r, "summary.itl_ms.p99"), 1),
     ("E2E P99", lambda r: dig(r, "summary.e2e_ms.p99"), 0),
     ("queue P99", queue_p99, 0),
+    ("TTFA P99", lambda r: dig(r, "summary.ttfa_ms.p99"), 0),
+    ("RTF P99", lambda r: dig(r, "summary.rtf.p99"), 2),
+    ("stalled", lambda r: _pct(dig(r, "summary.stalled_rate")), 1),
+    ("audio s/s", lambda r: dig(r, "summary.audio_seconds_per_s"), 2),
     ("SLO att.", lambda r: _pct(dig(r, "summary.slo_attainment")), 0),
     ("goodput", lambda r: dig(r, "summary.goodput"), 2),
     ("reject", lambda r: _pct(dig(r, "summary.rejection_rate")), 1),
@@ -103,7 +107,11 @@ def run_markdown(res: dict[str, Any]) -> str:
 
 
 def _slo_text(slo: dict[str, Any]) -> str:
-    parts = [f"{k.removesuffix('_ms').upper()} P99 < {v:g} ms" for k, v in slo.items() if v is not None]
+    parts = [
+        f"RTF ≤ {v:g}" if k == "rtf" else f"{k.removesuffix('_ms').upper()} P99 < {v:g} ms"
+        for k, v in slo.items()
+        if v is not None
+    ]
     return ", ".join(parts) or "none set"
 
 

@@ -17,10 +17,12 @@ from pydantic import Field, ValidationError, model_validator
 
 from gateway.schema import Frozen, describe
 from loadtest.arrivals import Process, Shape, burst_shape, constant_shape, sawtooth_shape, step_shape
-from loadtest.client import PreparedRequest
+from loadtest.client import SPEECH_PATH, PreparedRequest
 from loadtest.media import MediaCache
 
-BUCKETS = ("text", "single_image", "multi_image", "long_doc", "long_answer", "audio")
+BUCKETS = ("text", "single_image", "multi_image", "long_doc", "long_answer", "audio", "audio_out", "speech")
+"""`audio_out`: a text chat answered in text and speech (`modalities`); `speech`: /v1/audio/speech, its
+`input` a prompt-length text."""
 
 
 class Dist(Frozen):
@@ -130,6 +132,10 @@ class Slo(Frozen):
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2e_ms: float | None = None
+    ttfa_ms: float | None = Field(default=None, description="Time to first audio, for answers that speak.")
+    rtf: float | None = Field(
+        default=None, description="Highest real-time factor of a speaking stream (1: as fast as playback)."
+    )
 
 
 class Workload(Frozen):
@@ -154,6 +160,7 @@ class Workload(Frozen):
     priorities: list[PriorityShare] = Field(default_factory=list)
     classes: list[Share] = Field(default_factory=list)
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    voice: str = Field(default="default", description="The voice of audio_out and speech requests.")
     stream: bool = Field(
         default=True,
         description="Stream the answers (TTFT, ITL) or ask for whole ones, as batch clients do (TTFT = E2E).",
@@ -342,11 +349,24 @@ class RequestFactory:
             "max_tokens": output.sample(rng),
             "stream": w.stream,
             **({"stream_options": {"include_usage": True}} if w.stream else {}),
+            **(
+                {"modalities": ["text", "audio"], "audio": {"voice": w.voice}}
+                if bucket == "audio_out"
+                else {}
+            ),
             **w.extra_body,
             **(spec.extra_body if spec is not None else {}),
         }
+        path = None
+        if bucket == "speech":
+            text = self.text(w.prompt_tokens.sample(rng))
+            body = {"model": w.model, "input": text, "voice": w.voice, "stream": w.stream}
+            body.update(spec.extra_body if spec is not None else {})
+            path = SPEECH_PATH
         headers: dict[str, str] = {}
         req = PreparedRequest(body=body, headers=headers, bucket=bucket)
+        if path is not None:
+            req.path = path
         if w.tenants:
             req.tenant = _pick(rng, [t.name for t in w.tenants], [t.share for t in w.tenants])
             headers["authorization"] = f"Bearer {req.tenant}"

@@ -33,17 +33,19 @@ from gateway.admission.rounds import Rounds
 from gateway.admission.settings import ShieldPolicy
 from gateway.admission.shield import SHIELD_MISSES, Shield
 from gateway.admission.slots import Holdings, slot_margin, slot_miss
+from gateway.admission.stages import PASSABLE, StageBook
 from gateway.admission.standing import Standing
 from gateway.admission.turnover import SlotTurnover
 from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
 
-_SKIPPED = frozenset({"tenant_share", "shield_duty"})
+_SKIPPED = frozenset({"tenant_share", "shield_duty"}) | PASSABLE
 """Misses that let the requests after it go (see the module's head-of-line rule)."""
 
 
 class Dispatcher:
-    def __init__(self, engine_priorities: bool = False) -> None:
+    def __init__(self, engine_priorities: bool = False, stages: StageBook | None = None) -> None:
+        self.stages = stages  # per-stage budgets of a staged kind's backends (stages.py)
         self.holdings = Holdings()
         self.standing = Standing(self.holdings, engine_priorities)
         self.rounds = Rounds()
@@ -73,7 +75,12 @@ class Dispatcher:
         "kv_watermark". `metered=False` leaves out the round's prefill budget, the shield and the spacing,
         which free themselves in time; `round_budget=False` the round's budget alone (a round opened now
         has it unspent); `loan`: another pool's request, never spaced."""
-        miss = slot_miss(ticket, backend, ctx.limits[backend.url], ctx.rule, self.holdings)
+        limit = ctx.limits[backend.url]
+        if self.stages is not None:  # speaking requests hold the talker's places, not the thinker's slots
+            limit += self.stages.speaking(backend)
+        miss = slot_miss(ticket, backend, limit, ctx.rule, self.holdings)
+        if miss is None and self.stages is not None:
+            miss = self.stages.miss(ticket, backend)
         if miss is not None:
             return miss
         if metered:
@@ -215,6 +222,8 @@ class Dispatcher:
         )
         self.holdings.add(backend.url, ticket)
         self.turnover.setdefault(backend.url, SlotTurnover()).taken(id(ticket), ctx.now)
+        if self.stages is not None:
+            self.stages.commit(ticket, backend)
         occupy(backend, ticket)
         self.rounds.spend(backend.url, prio, tokens)
         if not loan:
@@ -225,5 +234,7 @@ class Dispatcher:
         """Undo `commit` (on the pool that owns the backend, also for a loan) and time the freed slot."""
         vacate(backend, ticket)
         self.shield.started(backend.url, ticket)
+        if self.stages is not None:
+            self.stages.release(ticket, backend)
         self.holdings.remove(backend.url, ticket)
         self.turnover[backend.url].freed(id(ticket), now)

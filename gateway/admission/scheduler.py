@@ -31,6 +31,7 @@ from gateway.admission.settings import AdmissionSettings, PoolBudgets
 from gateway.admission.shares import ReplicaShares
 from gateway.admission.shedding import PrefillRate, QueueGuard, SlotWait, displaced_error
 from gateway.admission.slots import SlotRule
+from gateway.admission.stages import StageBook
 from gateway.admission.state import PoolView, pool_snapshot
 from gateway.admission.turnover import capacity_lost
 from gateway.admission.window import QueueLoad, hold, under_load
@@ -53,6 +54,7 @@ class PoolScheduler:
         clock: Callable[[], float] = time.monotonic,
         weight_of: Callable[[str], float | None] | None = None,
         engine_priorities: bool = False,
+        stages: StageBook | None = None,
     ) -> None:
         self.pool = pool
         self.backends = backends
@@ -61,7 +63,7 @@ class PoolScheduler:
         self.weight_of = weight_of
         current = settings()
         self.counters = VirtualTokenCounters()
-        self.dispatcher = Dispatcher(engine_priorities)
+        self.dispatcher = Dispatcher(engine_priorities, stages)
         self.queue = SLOQueue(self.counters, standing=self._under_share)
         self.rate = PrefillRate(current.queue)
         lost = functools.partial(capacity_lost, pool, backends)
@@ -200,6 +202,8 @@ class PoolScheduler:
         """A lease on our backends (ours or a loan) saw its first byte: its prefill no longer waits in
         the engine, and a placement the shield held may go now."""
         self.dispatcher.shield.started(lease.backend.url, lease.ticket)
+        if self.dispatcher.stages is not None:
+            self.dispatcher.stages.started(lease.ticket, lease.backend.url)
         if self.dispatcher.shield.held and self.queue:
             self.pump()  # only then: a pump on every first byte would move rounds and windows
 

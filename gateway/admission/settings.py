@@ -172,6 +172,45 @@ class ShieldPolicy(Frozen):
     )
 
 
+class StagePolicy(Frozen):
+    """Staged backends (sglang-omni): a budget per stage (gateway/admission/stages.py). A limit left None is
+    the server's own, as the pool's config and the backend's version tell it."""
+
+    thinker: int | None = Field(default=None, ge=1, description="Thinker requests at once per backend.")
+    talker: int | None = Field(default=None, ge=1, description="Talker requests at once per backend.")
+    code2wav_audio_seconds_per_s: float | None = Field(
+        default=None, gt=0, description="Audio seconds per second the vocoder makes: real-time streams."
+    )
+    encoder_batch: int | None = Field(default=None, ge=1, description="Media items waiting for one batch.")
+    adaptive: bool = Field(
+        default=True, description="The talker and code2wav budgets follow the streams' real-time factor."
+    )
+    rtf_target: float = Field(
+        default=0.8, gt=0, description="A stream whose real-time factor ends above this shrinks them."
+    )
+    grow_below: float = Field(
+        default=0.75, gt=0, le=1, description="Grow by one after a stream below rtf_target × this, if full."
+    )
+    decrease: float = Field(
+        default=0.9,
+        gt=0,
+        lt=1,
+        description="A too-slow stream shrinks them toward the streams that shared the vocoder with it × "
+        "rtf_target / its RTF, by at most this factor per stream.",
+    )
+    min_speaking: int = Field(default=1, ge=1, description="The speaking budgets never shrink below this.")
+
+    def limit(self, stage: str, server: float | None) -> float | None:
+        """The stage's limit: the policy's if set, else the server's."""
+        own = {
+            "thinker": self.thinker,
+            "talker": self.talker,
+            "code2wav": self.code2wav_audio_seconds_per_s,
+            "encoder": self.encoder_batch,
+        }.get(stage)
+        return float(own) if own is not None else server
+
+
 class PoolBudgets(Frozen):
     """The per-backend budgets of one pool: prefill per round, KV watermark, modality bucket caps."""
 
@@ -193,6 +232,7 @@ class PoolBudgets(Frozen):
     )
     lend: LendPolicy = Field(default_factory=LendPolicy)
     shield: ShieldPolicy = Field(default_factory=ShieldPolicy)
+    stages: StagePolicy = Field(default_factory=StagePolicy)
 
 
 class BudgetPolicy(PoolBudgets):

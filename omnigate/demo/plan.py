@@ -132,12 +132,13 @@ def build_plan(
         if not isinstance(pool, dict):
             continue
         name = str(pool.get("name", ""))
+        models = pool.get("models") or [settings.model]
         extra = (
             "--time-scale",
             repr(time_scale),
             *settings.sim_args.get(name, ()),
             "--model",
-            settings.model,
+            str(models[0]),  # the pool's model: a speech pool may serve another than the demo's
         )
         specs = [
             SimSpec(f"{name}-{i}", name, ports(), extra) for i, _ in enumerate(pool.get("backends") or [])

@@ -155,6 +155,8 @@ class GroupStats:
     tok_per_s: float = 0.0
     ttft_ms: tuple[float, float] | None = None  # (p50, p99)
     tpot_ms: tuple[float, float] | None = None
+    ttfa_ms: tuple[float, float] | None = None  # time to first audio, of answers that speak
+    rtf: tuple[float, float] | None = None  # real-time factor of speech streams (gateway/speech/meter.py)
 
 
 def _p50_p99(values: list[float]) -> tuple[float, float] | None:
@@ -165,6 +167,8 @@ def group_stats(records: Iterable[RequestRecord], elapsed: float) -> GroupStats:
     st = GroupStats()
     ttfts: list[float] = []
     tpots: list[float] = []
+    ttfas: list[float] = []
+    rtfs: list[float] = []
     window = min(THROUGHPUT_WINDOW_S, elapsed) or 1.0
     recent_reqs = recent_tokens = 0
     for r in records:
@@ -178,6 +182,10 @@ def group_stats(records: Iterable[RequestRecord], elapsed: float) -> GroupStats:
                 ttfts.append(r.ttft * 1000)
             if (t := tpot(r)) is not None:
                 tpots.append(t * 1000)
+            if r.ttfa is not None:
+                ttfas.append(r.ttfa * 1000)
+            if (speech := r.speech) is not None and (rtf := speech.rtf) is not None:
+                rtfs.append(rtf)
             if r.sent + r.e2e >= elapsed - window:
                 recent_reqs += 1
                 recent_tokens += r.output_tokens
@@ -187,6 +195,7 @@ def group_stats(records: Iterable[RequestRecord], elapsed: float) -> GroupStats:
             st.failed += 1
     st.req_per_s, st.tok_per_s = recent_reqs / window, recent_tokens / window
     st.ttft_ms, st.tpot_ms = _p50_p99(ttfts), _p50_p99(tpots)
+    st.ttfa_ms, st.rtf = _p50_p99(ttfas), _p50_p99(rtfs)
     return st
 
 
@@ -210,6 +219,22 @@ def _pair(v: tuple[float, float] | None, fmt: str) -> str:
 
 def _opt(v: float | None, fmt: str) -> str:
     return "-" if v is None else f"{v:{fmt}}"
+
+
+def _speech_table(snap: Snapshot) -> Table | None:
+    """Answers that spoke, per tenant: time to first audio and the streams' real-time factor."""
+    spoken = [r for r in snap.records if r.audio]
+    if not spoken:
+        return None
+    t = _table(
+        "speech: time to first audio (p50/p99 ms), real-time factor (p50/p99; over 1 stutters)",
+        ("", "spoke", "TTFA", "RTF", "audio s"),
+    )
+    for name, recs in by_tenant(spoken, snap.tenants).items():
+        s = group_stats(recs, snap.elapsed)
+        seconds = sum(m.seconds for r in recs if (m := r.speech) is not None)
+        t.add_row(name, str(len(recs)), _pair(s.ttfa_ms, ".0f"), _pair(s.rtf, ".2f"), f"{seconds:.0f}")
+    return t
 
 
 def _table(title: str, columns: tuple[str, ...]) -> Table:
@@ -304,7 +329,11 @@ def render(snap: Snapshot) -> RenderableType:
         f"  ·  sims at time-scale {snap.time_scale:g}",
         f"  ·  skipped arrivals {snap.skipped}" if snap.skipped else "",
     )
-    parts: list[RenderableType] = [head, _client_table(snap), _gateway_table(snap.gateway)]
+    parts: list[RenderableType] = [head, _client_table(snap)]
+    speech = _speech_table(snap)
+    if speech is not None:
+        parts.append(speech)
+    parts.append(_gateway_table(snap.gateway))
     if snap.gateway.rejections:
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(snap.gateway.rejections.items()))
         parts.append(Text(f"gateway rejections by reason: {reasons}"))
@@ -325,6 +354,9 @@ def plain_line(snap: Snapshot) -> str:
         ttft = "-" if s.ttft_ms is None else f"{s.ttft_ms[1]:.0f}ms"
         tpot_ = "-" if s.tpot_ms is None else f"{s.tpot_ms[1]:.1f}ms"
         bits.append(f"| {cls}: ok={s.ok} ttft_p99={ttft} tpot_p99={tpot_}")
+        if s.ttfa_ms is not None:
+            rtf = "-" if s.rtf is None else f"{s.rtf[1]:.2f}"
+            bits.append(f"ttfa_p99={s.ttfa_ms[1]:.0f}ms rtf_p99={rtf}")
     pools = snap.gateway.pools
     queued = sum(p.queue_depth for p in pools.values()) if pools else sum(snap.gateway.queue_depth.values())
     bits.append(f"| gateway queued={queued} rejected={sum(snap.gateway.rejections.values())}")

@@ -6,6 +6,7 @@ final summary line is printed, Ctrl-C and the duration both stop every child pro
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -58,11 +59,13 @@ def test_plan_gives_every_listed_backend_its_own_simulator_and_rewrites_the_conf
         ("interactive-0", "interactive", 31000),
         ("interactive-1", "interactive", 31001),
         ("offline-0", "offline", 31002),
+        ("speech-0", "speech", 31003),
     ]
     pools = {p["name"]: p["backends"] for p in plan.gateway_doc["pools"]}
     assert pools == {
         "interactive": ["http://127.0.0.1:31000", "http://127.0.0.1:31001"],
         "offline": ["http://127.0.0.1:31002"],
+        "speech": ["http://127.0.0.1:31003"],
     }
     assert plan.gateway_doc["listen"] == {"host": "127.0.0.1", "port": 18080}
     assert "demo" not in plan.gateway_doc
@@ -74,6 +77,8 @@ def test_plan_gives_every_listed_backend_its_own_simulator_and_rewrites_the_conf
     assert interactive[-2:] == ("--model", "qwen2.5-omni-7b")
     assert "--enable-priority-scheduling" in interactive
     assert "--enable-priority-scheduling" not in plan.sims[2].args
+    speech = plan.sims[3].args  # a simulated sglang-omni server serving the speech pool's own model
+    assert speech[-2:] == ("--model", "qwen3-omni") and speech[2:4] == ("--api", "sglang-omni")
 
 
 def test_the_shipped_policy_is_the_default_one_run_as_an_editable_copy(tmp_path: Path) -> None:
@@ -286,13 +291,13 @@ def test_demo_runs_a_workload_for_its_duration_and_leaves_no_process_behind(tmp_
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     pids = _pids(out)
-    assert sorted(pids) == ["gateway", "interactive-0", "interactive-1", "offline-0"]
+    assert sorted(pids) == ["gateway", "interactive-0", "interactive-1", "offline-0", "speech-0"]
     summary = _summary(out)
     assert summary["ok"] >= 1
     assert summary["ok"] + summary["rejected"] == summary["sent"]  # 429s (bob's quota) are allowed
     assert (summary["failed"], summary["unfinished"], summary["skipped"]) == (0, 0, 0)
     assert "interactive: ok=" in out and "offline: ok=" in out
-    assert "stopped 4 processes: " in out and "killed" not in out
+    assert "stopped 5 processes: " in out and "killed" not in out
     assert [name for name, pid in pids.items() if _alive(pid)] == []
 
 
@@ -316,7 +321,7 @@ def test_ctrl_c_stops_an_unbounded_demo_that_openai_clients_used() -> None:
             assert line, f"demo exited before it was up: {banner}"
             banner += line
         pids = _pids(banner)
-        assert len(pids) == 4
+        assert len(pids) == 5
         base_url = re.search(r"omnigate demo is up: (\S+)", banner)
         assert base_url
         client = OpenAI(base_url=base_url.group(1), api_key="sk-demo-alice", max_retries=0, timeout=30)
@@ -328,6 +333,12 @@ def test_ctrl_c_stops_an_unbounded_demo_that_openai_clients_used() -> None:
         )
         assert reply.usage is not None and 1 <= reply.usage.completion_tokens <= 8
         assert reply.choices[0].message.content
+        with client.audio.speech.with_streaming_response.create(  # the speech pool, streamed as SSE
+            model="qwen3-omni", voice="default", input="Hello from the demo.", extra_body={"stream": True}
+        ) as spoken:
+            events = [json.loads(line[6:]) for line in spoken.iter_lines() if line.startswith("data: {")]
+        assert events[0]["object"] == "audio.speech.chunk" and events[0]["audio"]["data"]
+        assert events[-1]["finish_reason"] == "stop"
         stranger = OpenAI(base_url=base_url.group(1), api_key="not-a-demo-key", max_retries=0, timeout=30)
         with pytest.raises(AuthenticationError):
             stranger.chat.completions.create(
@@ -341,7 +352,7 @@ def test_ctrl_c_stops_an_unbounded_demo_that_openai_clients_used() -> None:
             proc.wait()
     assert proc.returncode == 0, rest[-3000:]
     assert _summary(rest) == {"sent": 0, "ok": 0, "rejected": 0, "failed": 0, "unfinished": 0, "skipped": 0}
-    assert "stopped 4 processes: " in rest and "killed" not in rest
+    assert "stopped 5 processes: " in rest and "killed" not in rest
     assert [name for name, pid in pids.items() if _alive(pid)] == []
 
 
@@ -360,6 +371,24 @@ def test_a_backend_that_fails_to_start_is_reported_and_the_others_are_stopped(tm
     assert "omnigate demo: offline-0 exited with code 2:" in proc.stderr
     assert "unrecognized arguments: --bogus-flag" in proc.stderr
     pids = _pids(proc.stdout)
-    assert sorted(pids) == ["interactive-0", "interactive-1", "offline-0"]  # the gateway never started
-    assert "stopped 3 processes: " in proc.stdout
+    # the gateway never started
+    assert sorted(pids) == ["interactive-0", "interactive-1", "offline-0", "speech-0"]
+    assert "stopped 4 processes: " in proc.stdout
     assert [name for name, pid in pids.items() if _alive(pid)] == []
+
+
+def test_the_live_view_shows_time_to_first_audio_and_the_real_time_factor() -> None:
+    snap = _snapshot()
+    spoke = RequestRecord(tenant="k-a", traffic_class="interactive", status=200, sent=0.5, e2e=3.0, ttft=0.4)
+    spoke.ttfa, spoke.audio = 0.9, [(0.9, 0.8), (1.5, 0.8), (2.1, 0.8)]  # 1.2 s for 1.6 s: RTF 0.75
+    snap.records = [*snap.records, spoke]
+    console = Console(width=80, record=True)
+    console.print(render(snap))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("alice") and "900" in line)
+    assert row.split()[1:] == ["1", "900/900", "0.75/0.75", "2"]
+    assert "ttfa_p99=900ms rtf_p99=0.75" in plain_line(snap)
+    plain = Console(width=80, record=True)
+    plain.print(render(_snapshot()))
+    assert "speech:" not in plain.export_text()  # no answer spoke: no speech table

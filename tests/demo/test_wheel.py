@@ -77,4 +77,4 @@ def test_omnigate_demo_runs_from_another_directory(installed: Path, tmp_path: Pa
     summary = next(line for line in out.splitlines() if line.startswith("demo summary: "))
     counts = dict(pair.split("=") for pair in summary.removeprefix("demo summary: ").split())
     assert int(counts["ok"]) >= 1 and int(counts["failed"]) == 0, out[-3000:]
-    assert "stopped 4 processes: " in out and "killed" not in out
+    assert "stopped 5 processes: " in out and "killed" not in out

@@ -79,6 +79,11 @@ def post(gw: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(f"{gw}/v1/chat/completions", json=body, timeout=30)
 
 
+def _model(stage: dict[str, Any]) -> dict[str, Any]:
+    """A stage as the kind's capacity model names it (its budget and use are admission's)."""
+    return {k: stage[k] for k in ("stage", "unit", "limit")}
+
+
 def test_the_probe_reads_the_health_snapshot_and_names_the_missing_signals(sims, start_gateway):
     snapshot, later = sims(), sims("--omni-release", "later", "--text-only")
     gw = omni_gateway(start_gateway, [snapshot.url], version="snapshot")
@@ -91,18 +96,20 @@ def test_the_probe_reads_the_health_snapshot_and_names_the_missing_signals(sims,
         None,
         None,
     )
-    assert entry["stages"] == [
+    assert [_model(s) for s in entry["stages"]] == [
         {"stage": "encoder", "unit": "items_per_batch", "limit": 32},
         {"stage": "thinker", "unit": "requests", "limit": 16},
         {"stage": "talker", "unit": "requests", "limit": 16},
         {"stage": "code2wav", "unit": "audio_seconds_per_s", "limit": None},
     ]
+    assert all(s["use"] == 0 and not s["blocks_head"] for s in entry["stages"])
+    assert [s["budget"] for s in entry["stages"]][2:] == [16, None]  # the talker's cap; code2wav unknown
     assert sorted(entry["missing_signals"]) == ["kv_capacity", "kv_usage", "queued"]
     assert (
         entry["missing_signals"]["kv_capacity"] == "sglang-omni exposes no KV signal: the KV watermark is off"
     )
     text_only = wait_for(lambda: (e := backends(gw_later)[0])["running"] is not None and e)
-    assert text_only["stages"] == [
+    assert [_model(s) for s in text_only["stages"]] == [
         {"stage": "encoder", "unit": "items_per_batch", "limit": 32},
         {"stage": "thinker", "unit": "requests", "limit": 64},
     ]

@@ -70,6 +70,7 @@ DEFAULT_CAPS: dict[OmniVersion, tuple[int, int]] = {"snapshot": (16, 16), "later
 
 class SGLangOmni(BackendKind):
     name = "sglang-omni"
+    staged = True
     routes = frozenset({"/v1/chat/completions", "/v1/audio/speech"})  # no /v1/completions (404 there)
     unavailable = MappingProxyType(
         {

@@ -1,0 +1,139 @@
+"""Staged capacity: per-stage budgets on a sglang-omni backend, what a request holds, the RTF-adaptive
+speaking budgets, and the dispatcher skipping speech (not text) when the talker is full."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.admission.dispatch import Dispatcher
+from gateway.admission.settings import StagePolicy
+from gateway.admission.stages import StageBook
+from gateway.backends.kinds import adapter_for
+from gateway.backends.state import BackendState
+from gateway.config import PoolConfig
+from gateway.ticket import Cost, Ticket
+from tests.admission.helpers import decision, entry
+
+pytestmark = pytest.mark.unit
+
+
+def _book(policy: StagePolicy | None = None, **server: object) -> StageBook:
+    pool = {
+        "name": "s",
+        "kind": "sglang-omni",
+        "models": ["m"],
+        "backends": ["http://b:1"],
+        "sglang_omni": {"version": "later", **server},
+    }
+    kind = adapter_for(PoolConfig.model_validate(pool))
+    p = policy or StagePolicy()
+    return StageBook(kind, lambda: p)
+
+
+def _backend(limit: int = 100) -> BackendState:
+    b = BackendState(url="http://b:1", pool="s")
+    b.concurrency_limit = limit
+    return b
+
+
+_n = iter(range(1_000_000))
+
+
+def _ticket(voice: str | None = None, rtf: float | None = None, **cost: int) -> Ticket:
+    t = Ticket(id=f"r{next(_n)}", model="m", stream=True, arrival=0.0, voice=voice, cost=Cost(**cost))
+    t.rtf = rtf
+    return t
+
+
+def _budgets(book: StageBook, b: BackendState) -> dict[str, float | None]:
+    return {s["stage"]: s["budget"] for s in book.snapshot(b, None)}
+
+
+def test_budgets_are_the_servers_caps_and_the_policys_overrides() -> None:
+    b = _backend(limit=40)
+    assert _budgets(_book(), b) == {"encoder": 32, "thinker": 64, "talker": 32, "code2wav": None}
+    assert _budgets(_book(StagePolicy(talker=4, code2wav_audio_seconds_per_s=6)), b)["talker"] == 4
+    assert _budgets(_book(StagePolicy(code2wav_audio_seconds_per_s=6)), b)["code2wav"] == 6
+    assert _budgets(_book(code2wav_audio_seconds_per_s=3.0), b)["code2wav"] == 3
+
+
+def test_a_speaking_request_holds_the_talker_and_a_real_time_stream_text_only_the_thinker() -> None:
+    book, b = _book(StagePolicy(talker=2)), _backend()
+    speaking = [_ticket("default"), _ticket("default")]
+    for t in speaking:
+        assert book.miss(t, b) is None
+        book.commit(t, b)
+    assert book.miss(_ticket("default"), b) == "stage_talker"
+    assert book.miss(_ticket(), b) is None  # text only: the thinker has room
+    use = {s["stage"]: s["use"] for s in book.snapshot(b, None)}
+    assert use == {"encoder": 0, "thinker": 2, "talker": 2, "code2wav": 2}
+    blocks = {s["stage"]: s["blocks_head"] for s in book.snapshot(b, _ticket("default"))}
+    assert blocks == {"encoder": False, "thinker": False, "talker": True, "code2wav": False}
+    book.release(speaking[0], b)
+    assert book.miss(_ticket("default"), b) is None
+
+
+def test_media_items_wait_for_one_encoder_batch_until_the_first_byte() -> None:
+    book, b = _book(StagePolicy(encoder_batch=4)), _backend()
+    first = _ticket(images=3)
+    book.commit(first, b)
+    assert book.miss(_ticket(images=2), b) == "stage_encoder"
+    assert book.miss(_ticket(images=1), b) is None
+    book.started(first, b.url)
+    assert book.miss(_ticket(images=2), b) is None
+    assert _book(StagePolicy(encoder_batch=4)).miss(_ticket(images=9), _backend()) is None  # alone: goes
+
+
+def test_the_speaking_budgets_follow_the_streams_real_time_factor() -> None:
+    book, b = _book(StagePolicy(talker=10, rtf_target=0.8, decrease=0.5)), _backend()
+    crowd = [_ticket("default", rtf=1.6) for _ in range(8)]
+    for t in crowd:
+        book.commit(t, b)
+    book.release(crowd[0], b)  # 8 × 0.8 / 1.6 = 4 streams would have met 0.8; one step goes to 10 × 0.5
+    assert _budgets(book, b)["talker"] == 5 and _budgets(book, b)["code2wav"] == 5
+    book.release(crowd[1], b)  # 7 × 0.8 / 1.6 = 3.5, within one step
+    assert _budgets(book, b)["talker"] == 3.5
+    crowd[2].rtf = 0.3
+    book.release(crowd[2], b)  # fast while the budget had no room (6 speaking): one more
+    assert _budgets(book, b)["talker"] == 4.5
+    for t in crowd[3:]:
+        t.rtf = 0.7
+        book.release(t, b)  # within the target, not below 0.8 × 0.75: unchanged
+    assert _budgets(book, b)["talker"] == 4.5
+    for _ in range(20):
+        t = _ticket("default", rtf=5.0)
+        book.commit(t, b)
+        book.release(t, b)
+    assert _budgets(book, b)["talker"] == 1  # min_speaking
+    fast = _ticket("default", rtf=0.3)
+    book.commit(fast, b)
+    book.release(fast, b)  # alone at a budget of one: full, and fast
+    assert _budgets(book, b)["talker"] == 2
+
+
+def test_the_dispatcher_lets_text_pass_a_speech_request_waiting_for_the_talker() -> None:
+    d = Dispatcher(stages=_book(StagePolicy(talker=1)))
+    b = _backend()
+    ctx = decision(limit=100)
+    first = _ticket("default")
+    d.commit(first, b, ctx)
+    waiting_speech, text = _ticket("default"), _ticket()
+    order = [entry(waiting_speech, now=0.0), entry(text, now=0.1)]
+    placed = d.place(order, [b], ctx)
+    assert placed is not None and placed[0].ticket is text
+    assert d.blocked_by(order[0], [b], ctx) == {b.url: "stage_talker"}
+    d.release(first, b, 1.0)
+    placed = d.place(order, [b], ctx)
+    assert placed is not None and placed[0].ticket is waiting_speech
+
+
+def test_a_speaking_request_does_not_take_a_thinker_slot_from_text() -> None:
+    d = Dispatcher(stages=_book())
+    b = _backend()
+    ctx = decision(limit=2)
+    for t in (_ticket("default"), _ticket("default")):
+        d.commit(t, b, ctx)
+    assert d.shared_budget_miss(_ticket(), b, ctx) is None  # two speaking: the limit of 2 is text's
+    d.commit(_ticket(), b, ctx)
+    d.commit(_ticket(), b, ctx)
+    assert d.shared_budget_miss(_ticket(), b, ctx) == "concurrency"
