@@ -29,6 +29,15 @@ def test_prediction_is_tokens_ahead_over_pool_rate_plus_own_prefill() -> None:
     assert (p.ahead_tokens, p.start, p.first_token) == (500, 1000.25, 1000.375)
 
 
+def test_a_replica_predicts_at_its_part_of_the_backends() -> None:
+    """Replicas sharing the engines pass their part of the backends (gateway/coordination/): a third of
+    two backends drains the queue at two thirds of one backend's pace."""
+    g = _guard()
+    g.admit(entry(ticket(priority=10, prompt=500), NO_SHED), now=1000.0, backends=2 / 3)
+    p = g.predict(entry(ticket(priority=5, prompt=125), TIGHT), now=1000.0, backends=2 / 3)
+    assert (p.start, p.first_token) == (pytest.approx(1000.75), pytest.approx(1000.875))
+
+
 def test_unattainable_at_enqueue_is_429_with_retry_after_and_counted() -> None:
     g = _guard()
     g.admit(entry(ticket(priority=10, prompt=6000), NO_SHED), now=1000.0, backends=2)  # 3 s of prefill

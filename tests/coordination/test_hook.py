@@ -1,0 +1,40 @@
+"""The scheduler with a replica's shares (admission/shares.py hook): it dispatches within its share,
+meters prefill at its part of the engine, predicts at its pace and shows the shared budget."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.admission.scheduler import PoolScheduler
+from gateway.coordination.shares import Lease, Shares
+from tests.admission.helpers import FakeClock, backends, policy, settle, spawn, ticket
+
+pytestmark = pytest.mark.unit
+
+FIXED_8 = policy(controller={"algorithm": "fixed", "initial": 8, "min": 1, "max": 8})
+
+
+async def test_a_replica_dispatches_within_its_share_of_the_engine() -> None:
+    clock = FakeClock()
+    pool = backends(1)
+    s = PoolScheduler("interactive", pool, lambda: FIXED_8.admission, clock=clock)
+    shares = Shares("me", ttl_s=3.0, replicas_hint=1, clock=clock)
+    shares.leased(pool[0].url, Lease(2, 8, clock() + 3.0, 3, 0, 5, False, {"me": 2, "peer": 6}))
+    s.shares = shares
+    tasks = [await spawn(s, ticket(prompt=100, output=10)) for _ in range(3)]
+    await settle()
+    assert [t.done() for t in tasks] == [True, True, False]  # 2 of the engine's 8 are this replica's
+    ctx = s.decision(FIXED_8.admission)
+    assert ctx.limits == {pool[0].url: 2}
+    assert ctx.budgets.prefill_tokens_per_round == FIXED_8.admission.budgets.prefill_tokens_per_round // 4
+    assert s._capacity() == pytest.approx(1 / 3)  # at least an even split of the 3 replicas
+    (backend,) = s.snapshot()["backends"]
+    assert (backend["limit"], backend["shared"]["engine_limit"], backend["shared"]["share"]) == (2, 8, 2)
+    for t in tasks[:2]:
+        t.result().release()
+    await settle()
+    assert tasks[2].done()
+    tasks[2].result().release()
+    await asyncio.sleep(0)
