@@ -485,7 +485,7 @@ class PoolScheduler:
                     current = self.limits[b.url] = make_limit(controller, current.value)
             if self.shares is not None and controller.algorithm != "fixed":
                 owned = self.shares.follows(b.url)  # another replica owns the engine's limit: follow it
-                if owned is not None and owned != current.limit:
+                if owned is not None and owned != int(current.value):
                     current = self.limits[b.url] = make_limit(controller, owned)
             current.ceiling = b.max_running_requests  # the engine's own cap: more would queue in it
             b.concurrency_limit = current.limit

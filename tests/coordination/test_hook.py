@@ -38,3 +38,17 @@ async def test_a_replica_dispatches_within_its_share_of_the_engine() -> None:
     assert tasks[2].done()
     tasks[2].result().release()
     await asyncio.sleep(0)
+
+
+def test_a_follower_adopts_the_owners_adaptive_limit() -> None:
+    clock = FakeClock()
+    pool = backends(1)
+    adaptive = policy(controller={"algorithm": "gradient", "initial": 32, "min": 4, "max": 64})
+    s = PoolScheduler("interactive", pool, lambda: adaptive.admission, clock=clock)
+    shares = Shares("me", ttl_s=3.0, replicas_hint=1, clock=clock)
+    shares.leased(pool[0].url, Lease(10, 20, clock() + 3.0, 2, 0, 0, False, {"me": 10, "owner": 10}))
+    s.shares = shares
+    ctx = s.decision(adaptive.admission)
+    assert (s.limits[pool[0].url].limit, ctx.limits[pool[0].url]) == (20, 10)  # the owner's 20, our 10
+    shares.leased(pool[0].url, Lease(10, 20, clock() + 3.0, 2, 0, 0, True, {"me": 10}))
+    assert shares.follows(pool[0].url) is None  # as the owner, its own controller moves the value on
