@@ -39,7 +39,11 @@ def run_replicas(args: list[str]) -> tuple[float, list[bytes]]:
     for p in procs:
         assert p.stdout is not None and p.stdout.readline() == b"ready\n"
     epoch = time.time() + 0.5  # both processes start hammering at the same (scaled) instant
-    outs = [p.communicate(f"{epoch!r}\n".encode(), timeout=60)[0] for p in procs]
+    for p in procs:  # both are told before either is waited for
+        assert p.stdin is not None
+        p.stdin.write(f"{epoch!r}\n".encode())
+        p.stdin.flush()
+    outs = [p.communicate(timeout=60)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
     return epoch, outs
 
