@@ -112,7 +112,9 @@ async def _one(
     return status
 
 
-async def _tenant(url: str, tenant: str, deadline: float, clients: int, seed: int, tally: Tally) -> None:
+async def _tenant(
+    url: str, tenant: str, deadline: float, clients: int, seed: int, tally: Tally, run: str = ""
+) -> None:
     rng = random.Random(seed)
     async with httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as client:
 
@@ -120,7 +122,7 @@ async def _tenant(url: str, tenant: str, deadline: float, clients: int, seed: in
             n = 0
             while time.monotonic() < deadline:
                 n += 1
-                rid = f"{tenant}-{seed}-{w}-{n}"
+                rid = f"{run}{tenant}-{seed}-{w}-{n}"  # unique across runs: the engines keep every id
                 fate = rng.choices(list(FATES), weights=list(FATES.values()))[0]
                 body = _body(rng)
                 if fate == "mid_stream":
@@ -353,21 +355,26 @@ async def run_store(
     return lines, all_ok
 
 
+def _start_sims(args: argparse.Namespace, procs: Procs, store: str) -> list[str]:
+    """Two fresh engines per store: each run's account starts empty."""
+    sims = []
+    for i in range(2):
+        port, name = free_port(), f"{store}-sim{i}"
+        argv = [sys.executable, "-m", "loadtest.sim", "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--time-scale", repr(args.time_scale), "--model", MODEL, "--seed", str(i + 1)]
+        procs.start(name, argv)
+        wait_http(port, "/health", 60, procs, name)
+        sims.append(f"http://127.0.0.1:{port}")
+    return sims
+
+
 async def main_async(args: argparse.Namespace) -> bool:
+    ok = True
     with tempfile.TemporaryDirectory(prefix="omnigate-ledger-") as tmp:
         procs = Procs(Path(tmp))
         try:
-            sims = []
-            for i in range(2):
-                port = free_port()
-                argv = [sys.executable, "-m", "loadtest.sim", "--host", "127.0.0.1", "--port", str(port)]
-                argv += ["--time-scale", repr(args.time_scale), "--model", MODEL, "--seed", str(i + 1)]
-                procs.start(f"sim{i}", argv)
-                wait_http(port, "/health", 60, procs, f"sim{i}")
-                sims.append(f"http://127.0.0.1:{port}")
-            ok = True
             for store in args.stores:
-                lines, store_ok = await run_store(args, store, procs, sims)
+                lines, store_ok = await run_store(args, store, procs, _start_sims(args, procs, store))
                 ok = ok and store_ok
                 for line in lines:
                     print(line, flush=True)

@@ -254,9 +254,7 @@ class CompletionEndpoint:
             payload = owner.kind.payload(body, lease.engine_priority)
             ticket.backend = backend.name
             ticket.dispatched_at = self.gw.clock()
-            # from here the engine may prefill it: charged if it leaves. A stream's server says when it
-            # took the request (its headers); a whole answer's says nothing until it is done.
-            ticket.reached_engine = not ticket.stream
+            ticket.reached_engine = False  # until its body is out (open_upstream's `sent`): then charged
             record.record_dispatch(ticket)
             assert owner.client is not None
             # loans are revocable until the first byte: nothing has reached the client; others pay no
@@ -273,7 +271,7 @@ class CompletionEndpoint:
                         headers,
                         deadlines,
                         stream=ticket.stream,
-                        accepted=functools.partial(setattr, ticket, "reached_engine", True),
+                        sent=functools.partial(setattr, ticket, "reached_engine", True),
                     )
             except UpstreamError as e:
                 if isinstance(e, (UpstreamConnectError, UpstreamStatusError)):

@@ -224,6 +224,22 @@ class OpenUpstream:
         self.response.close()
 
 
+def sent_trace() -> aiohttp.TraceConfig:
+    """A session's trace that calls a request's `sent` callback (its `trace_request_ctx`) when its body has
+    been written."""
+
+    async def chunk_sent(
+        session: aiohttp.ClientSession, ctx: object, params: aiohttp.TraceRequestChunkSentParams
+    ) -> None:
+        sent = getattr(ctx, "trace_request_ctx", None)
+        if callable(sent):
+            sent()
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(chunk_sent)
+    return trace
+
+
 async def open_upstream(
     session: aiohttp.ClientSession,
     url: str,
@@ -232,11 +248,12 @@ async def open_upstream(
     deadlines: Deadlines,
     *,
     stream: bool,
-    accepted: Callable[[], None] | None = None,
+    sent: Callable[[], None] | None = None,
 ) -> OpenUpstream:
-    """POST and wait for the first body bytes (streaming) or the whole body (non-streaming). `accepted`
-    is called when a 200's headers arrive: a streaming server sends them once it has taken the request,
-    before its prefill."""
+    """POST and wait for the first body bytes (streaming) or the whole body (non-streaming). `sent` is
+    called once the request's body is written to the backend's connection (the session must carry
+    `sent_trace()`): from then the engine has the request, and runs its prefill even if the gateway
+    hangs up at once (a server notices a closed connection only when it next writes or polls)."""
     start = time.monotonic()
     deadline = start + deadlines.total
     wait = min(deadlines.first_byte, deadlines.total) if stream else deadlines.total
@@ -249,11 +266,10 @@ async def open_upstream(
                 headers={**headers, **_FIXED_HEADERS},
                 timeout=client_timeout(deadlines.connect),
                 allow_redirects=False,
+                trace_request_ctx=sent,
             )
             if response.status != 200:
                 raise UpstreamStatusError(response.status, await response.read())
-            if accepted is not None:
-                accepted()
             try:
                 first = await (response.content.readany() if stream else response.read())
             except aiohttp.ClientPayloadError as e:

@@ -18,6 +18,7 @@ from gateway.backends.kinds import adapter_for
 from gateway.backends.settings import CircuitPolicy
 from gateway.backends.state import BackendState
 from gateway.config import PoolConfig
+from gateway.proxy import sent_trace
 from gateway.ticket import Ticket
 
 log = logging.getLogger("omnigate.backends")
@@ -137,4 +138,5 @@ def _session(max_connections: int) -> aiohttp.ClientSession:
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
         skip_auto_headers=("User-Agent",),
+        trace_configs=[sent_trace()],  # when a request's body is out: it is charged from then
     )

@@ -2,8 +2,10 @@
 
 The rule (documented in the tenants README, "What a request is charged"):
 - The engine reported `usage` (a complete answer, or a stream that ended with its usage chunk): exactly that.
-- The request never reached an engine (refused, cancelled while queued, or every attempt was refused by
-  the backend or could not connect): no tokens. It still counted as a request (rpm, `requests`).
+- The request never reached an engine (refused, cancelled while queued or before its body was sent, or
+  every attempt was refused by the backend or could not connect): no tokens. It still counted as a
+  request (rpm, `requests`). It reached the engine once its body was written to the engine's connection
+  (gateway/proxy.py `sent`): an engine notices a closed connection only later, so it runs the prefill.
 - It reached an engine and no usage came back (the client left after dispatch, the stream was cut, a 200
   without `usage`): the prompt as the gateway priced it — the prefill ran or was under way — plus the
   answer tokens relayed, counted from the answer's text by the estimator's text counter and never fewer
