@@ -30,7 +30,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._servers import Procs, free_port, wait_http
-from bench.ledger import ADMIN, MODEL, TENANTS, Tally, _settled, _tenant
+from bench.ledger import ADMIN, MODEL, TENANTS, Tally, _settled, _start_sims, _tenant
 
 FD_SLACK = 16  # descriptors that may come and go with keep-alive connections and the engines' health checks
 
@@ -69,14 +69,7 @@ async def main_async(args: argparse.Namespace) -> bool:
     with tempfile.TemporaryDirectory(prefix="omnigate-soak-") as tmp:
         procs = Procs(Path(tmp))
         try:
-            sims = []
-            for i in range(2):
-                port = free_port()
-                argv = [sys.executable, "-m", "loadtest.sim", "--host", "127.0.0.1", "--port", str(port)]
-                argv += ["--time-scale", repr(args.time_scale), "--model", MODEL, "--seed", str(i + 1)]
-                procs.start(f"sim{i}", argv)
-                wait_http(port, "/health", 60, procs, f"sim{i}")
-                sims.append(f"http://127.0.0.1:{port}")
+            sims = _start_sims(args, procs, "soak")
             port = free_port()
             work = Path(tmp)
             (work / "policy.yaml").write_text("version: 1\n")

@@ -376,18 +376,28 @@ class TenantService:
             await self._owe(entry, "admitted under local limits")
             return
         try:
-            await self.store.settle(
-                tenant.id,
-                tenant.quotas,
-                reservation.charge,
-                actual,
-                reservation.reserved_at,
-                now,
-                reservation.id,
-            )
+            await self._apply(entry, replay=False)
         except Exception as e:  # whatever the store's failure, the charge is kept
             metrics.STORE_ERRORS.labels("reconcile").inc()
             await self._owe(entry, f"{type(e).__name__}: {e}")
+
+    async def _apply(self, entry: Entry, replay: bool) -> None:
+        """Give the store one charge: a reconcile, or a fail-open admission's usage for its ledger."""
+        if entry.kind == "usage":
+            await self.store.record_usage(
+                entry.tenant_id, entry.reservation_id, entry.reserved_at, entry.actual
+            )
+            return
+        await self.store.settle(
+            entry.tenant_id,
+            entry.quotas,
+            entry.reserved,
+            entry.actual,
+            entry.reserved_at,
+            entry.now,
+            entry.reservation_id,
+            replay=replay,
+        )
 
     async def _owe(self, entry: Entry, why: str) -> None:
         if not self.outbox.pending:  # the first of a run: logged once, not per request
@@ -400,21 +410,7 @@ class TenantService:
         applied = 0
         for entry in list(self.outbox.pending.values()):
             try:
-                if entry.kind == "settle":
-                    await self.store.settle(
-                        entry.tenant_id,
-                        entry.quotas,
-                        entry.reserved,
-                        entry.actual,
-                        entry.reserved_at,
-                        entry.now,
-                        entry.reservation_id,
-                        replay=True,
-                    )
-                else:
-                    await self.store.record_usage(
-                        entry.tenant_id, entry.reservation_id, entry.reserved_at, entry.actual
-                    )
+                await self._apply(entry, replay=True)
             except StoreUnavailable:
                 break
             except Exception:

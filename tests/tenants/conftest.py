@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,6 +13,7 @@ from gateway.tenants.redis_store import RedisStore
 from gateway.tenants.service import TenantService
 from gateway.tenants.sqlite_store import SQLiteStore
 from gateway.tenants.store import Store
+from tests.support.processes import ManagedProcess, Processes
 
 T0 = datetime(2025, 3, 10, 12, 0, tzinfo=UTC).timestamp()
 
@@ -58,3 +59,23 @@ async def service(
     await svc.start()
     yield svc
     await svc.close()
+
+
+def _own_redis(tmp_path: Path, appendonly: str) -> Iterator[ManagedProcess]:
+    group = Processes(tmp_path)
+    try:
+        yield group.redis(tmp_path / "data", "--appendonly", appendonly)
+    finally:
+        group.close()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[ManagedProcess]:
+    """A redis-server of our own (append-only file, so a restart keeps its data) that the test kills."""
+    yield from _own_redis(tmp_path, "yes")
+
+
+@pytest.fixture
+def volatile_redis(tmp_path: Path) -> Iterator[ManagedProcess]:
+    """A redis-server of our own without persistence at all: a restart comes back empty."""
+    yield from _own_redis(tmp_path, "no")

@@ -4,31 +4,18 @@ and fail-open limits start from the last known level with one replica's share.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 import redis
 
 from gateway.observability.metrics import REGISTRY
 from gateway.tenants.redis_store import RedisStore
 from gateway.tenants.service import QuotaExceeded, TenantService, parse_bootstrap
-from tests.support.processes import ManagedProcess, Processes
+from tests.support.processes import ManagedProcess
 from tests.tenants.conftest import FakeClock
 
 pytestmark = pytest.mark.e2e
 
 KEY = "og-config-declared-key-0123456789"
-
-
-@pytest.fixture
-def volatile_redis(tmp_path: Path) -> Iterator[ManagedProcess]:
-    """No persistence at all: a restart comes back empty."""
-    group = Processes(tmp_path)
-    try:
-        yield group.redis(tmp_path / "data", "--appendonly", "no")
-    finally:
-        group.close()
 
 
 def counter(name: str, **labels: str) -> float:

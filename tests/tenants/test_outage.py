@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from gateway.errors import ApiError
@@ -12,19 +9,9 @@ from gateway.observability.metrics import REGISTRY
 from gateway.tenants.models import TenantCreate
 from gateway.tenants.redis_store import RedisStore
 from gateway.tenants.service import QuotaExceeded, TenantService
-from tests.support.processes import ManagedProcess, Processes
+from tests.support.processes import ManagedProcess
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[ManagedProcess]:
-    """A redis-server of our own (append-only file, so a restart keeps its data) that the test kills."""
-    group = Processes(tmp_path)
-    try:
-        yield group.redis(tmp_path / "data", "--appendonly", "yes")
-    finally:
-        group.close()
 
 
 def counter(name: str, **labels: str) -> float:

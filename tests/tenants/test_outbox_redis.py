@@ -4,7 +4,6 @@ a replay is applied once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,19 +13,9 @@ from gateway.tenants.models import TenantCreate
 from gateway.tenants.outbox import Outbox
 from gateway.tenants.redis_store import RedisStore
 from gateway.tenants.service import TenantService
-from tests.support.processes import ManagedProcess, Processes
+from tests.support.processes import ManagedProcess
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[ManagedProcess]:
-    """A redis-server of our own (append-only, so a restart keeps its data) that the test stops."""
-    group = Processes(tmp_path)
-    try:
-        yield group.redis(tmp_path / "data", "--appendonly", "yes")
-    finally:
-        group.close()
 
 
 async def _today(service: TenantService) -> tuple[int, int, int]:
