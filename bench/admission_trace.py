@@ -7,7 +7,7 @@ dispatch, refusal and revocation, then the rejection counts and the backends' ac
 For refactors that must not change behaviour: no processes, no wall clock, so two commits given the same
 seed make the same decisions exactly when their admission logic is the same (a load benchmark's spread
 hides a small change; this does not). Two pools (interactive on two backends, offline on one, lending on
-with `max_load` 0.75, engine priorities on), the default policy with preemption on (`--no-revoke`: off),
+with `max_load` 0.75, engine priorities on), the default policy,
 tenants a/b/c at bands 0/5/10, streams and whole answers, first bytes, revocations queued again, cancels,
 scrapes and a backend going down and up. `--load light` leaves room for loans; `heavy` (the default)
 overloads the interactive pool.
@@ -44,19 +44,18 @@ class Clock:
         return self.now
 
 
-def _policy(revoke: bool) -> Policy:
+def _policy() -> Policy:
     p = load_policy(ROOT / "policies" / "default.yaml").model_dump(mode="json")
     p["controller"].update(initial=4, min=2, max=8)
     p["budgets"]["prefill_tokens_per_round"] = 2000
-    p["budgets"]["shield"]["revoke_s"] = 0.05 if revoke else None
     p["budgets"]["pools"] = {"interactive": {"lend": {"enabled": True, "max_load": 0.75}}}
     p["queue"]["classes"]["interactive"].update(max_queue_depth=40, max_wait_s=3.0)
     p["queue"]["classes"]["offline"].update(max_queue_depth=60, max_wait_s=6.0)
     return Policy.model_validate(p)
 
 
-async def trace(seed: int, light: bool, revoke: bool) -> list[Any]:
-    pol = _policy(revoke)
+async def trace(seed: int, light: bool) -> list[Any]:
+    pol = _policy()
     clock = Clock()
     inter_b = [BackendState(url=f"http://i{i}", pool="interactive") for i in range(2)]
     off_b = [BackendState(url="http://o0", pool="offline")]
@@ -156,9 +155,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--load", choices=["heavy", "light"], default="heavy")
-    ap.add_argument("--no-revoke", action="store_true", help="preemption off (the policy's default)")
     args = ap.parse_args()
-    for event in asyncio.run(trace(args.seed, args.load == "light", not args.no_revoke)):
+    for event in asyncio.run(trace(args.seed, args.load == "light")):
         print(json.dumps(event))
 
 
