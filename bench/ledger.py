@@ -339,11 +339,11 @@ async def run_store(
             took = [engines[i] for i in tally.ids if i in engines]
             engine = sum(_engine_count(w) for w in took)
             ratio = charged / engine if engine else float("nan")
-            ok = abs(ratio - 1) <= args.tolerance and requests <= tally.sent
+            within, counted = abs(ratio - 1) <= args.tolerance, requests <= tally.sent
+            ok = within and counted
             totals[0] += charged
             totals[1] += engine
-            all_ok = all_ok and (ok or args.overall) and requests <= tally.sent
-            all_ok = all_ok and usage["concurrent"]["active"] == 0
+            all_ok = all_ok and counted and (within or args.overall) and usage["concurrent"]["active"] == 0
             cells = (tenant, tally.sent, requests, charged, engine, f"{ratio:.3f}", "yes" if ok else "NO")
             lines.append(
                 "{:<8} {:>5} {:>10} {:>9} {:>9} {:>6} {:>7}".format(*cells)
