@@ -33,6 +33,7 @@ from gateway.observability.rolling import SloTracker
 from gateway.policy import Policy
 from gateway.policy_refs import check_refs
 from gateway.reloader import PolicyHolder
+from gateway.replicas import replica_name
 from gateway.stages.admit import Admit
 from gateway.stages.authenticate import Authenticate
 from gateway.stages.finish import Finish
@@ -59,7 +60,10 @@ class Gateway:
         check_refs(current, self.served, str(self.policy.path or "<policy>"))
         self.admin_token = config.admin.resolve_token()
         self.estimator = Estimator(current.estimation, current.buckets)
-        self.tenants = TenantService.from_config(config.store, config.tenants, current.tenant_defaults)
+        self.name = replica_name()
+        self.tenants = TenantService.from_config(
+            config.store, config.tenants, current.tenant_defaults, replica=self.name
+        )
         self.policy.add_preparer(self._prepare)
         self.weights: dict[str, float] = {}
         self.pools = {
@@ -95,7 +99,7 @@ class Gateway:
         self.finish = Finish(self.tenants, measure, clock)
         self.live = LiveState(self.policy, self.pools, self.schedulers, self.slo, measure, clock)
         self.coordinator = (
-            Coordinator(store.redis_url, store.redis_prefix, config.coordination, self.schedulers)
+            Coordinator(store.redis_url, store.redis_prefix, config.coordination, self.schedulers, self.name)
             if (store := config.store).kind == "redis" and store.redis_url and config.coordination.enabled
             else None
         )

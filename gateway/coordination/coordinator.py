@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable, Mapping
 
 import anyio
@@ -30,16 +27,12 @@ from gateway.backends.state import BackendState
 from gateway.config import CoordinationConfig
 from gateway.coordination.scripts import ALLOCATE, LEAVE
 from gateway.coordination.shares import Lease, Shares
+from gateway.replicas import REGISTRY
 
 log = logging.getLogger("omnigate.coordination")
 OUTAGE_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 NUDGE_GAP_S = 0.05
 """Least time between two refreshes that nudges asked for."""
-
-
-def replica_name() -> str:
-    """Host, process and a random suffix: readable in /admin/state, unique across restarts."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 class Coordinator:
@@ -49,13 +42,15 @@ class Coordinator:
         prefix: str,
         config: CoordinationConfig,
         schedulers: Mapping[str, PoolScheduler],
+        replica: str,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.schedulers = schedulers
         self.clock = clock
         self.prefix = prefix + "coord:"
-        self.shares = Shares(replica_name(), config.lease_ttl_s, config.replicas_hint, clock)
+        self.registry = prefix + REGISTRY
+        self.shares = Shares(replica, config.lease_ttl_s, config.replicas_hint, clock)
         self.shares.on_want = self.nudge
         timeout = config.redis_timeout_s
         self.redis: aioredis.Redis = aioredis.Redis.from_url(
@@ -77,7 +72,6 @@ class Coordinator:
     async def refresh(self) -> None:
         """One allocation per backend in one round trip; on failure, the fallback (`Shares.failed`)."""
         ttl_ms = int(self.config.lease_ttl_s * 1000)
-        registry = self.prefix + "replicas"
         shares = self.shares
         calls: list[tuple[PoolScheduler, BackendState]] = []
         sent = self.clock()
@@ -99,7 +93,7 @@ class Coordinator:
                             1 if shares.returning else 0,
                             orjson.dumps([[band, n] for band, n in demand.items() if n > 0]),
                         ]
-                        await self._allocate(keys=[self._key(b.url), registry], args=args, client=pipe)
+                        await self._allocate(keys=[self._key(b.url), self.registry], args=args, client=pipe)
                         calls.append((sched, b))
                 sent = self.clock()
                 answers = await pipe.execute()
@@ -151,7 +145,7 @@ class Coordinator:
         """Give the leases back at once (a clean stop); the registry forgets this replica."""
         keys = [self._key(b.url) for s in self.schedulers.values() for b in s.backends]
         with contextlib.suppress(*OUTAGE_ERRORS), anyio.move_on_after(self.config.redis_timeout_s):
-            await self._leave(keys=[*keys, self.prefix + "replicas"], args=[self.shares.replica])
+            await self._leave(keys=[*keys, self.registry], args=[self.shares.replica])
         with contextlib.suppress(*OUTAGE_ERRORS):
             await self.redis.aclose()
 

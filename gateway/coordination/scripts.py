@@ -3,8 +3,8 @@
 Keys: 1 the backend's hash: one field `r:<replica>` per live replica, a JSON lease {e expiry ms, g grant,
 p the grant before it, a active, k reserved KV tokens, w demand as [[band, n], ...]}; `owner` and
 `limit`, the replica that owns the backend's adaptive limit and its value; `rec_until` and `rec_n`, the
-recovery cap. 2 the registry zset (replica → heartbeat expiry ms). Time is Redis's own `TIME`, so
-replicas on hosts with skewed clocks agree on every lease.
+recovery cap. 2 the registry of live replicas (gateway/replicas.py), which the call beats. Time is Redis's
+own `TIME`, so replicas on hosts with skewed clocks agree on every lease.
 
 The call refreshes the caller's lease, drops expired ones (a killed replica's share returns), then splits
 the limit L max-min fairly between the live replicas by demand, band by band from the highest (a band is
@@ -22,16 +22,18 @@ then replica, grant pairs of every live lease.
 
 from __future__ import annotations
 
-ALLOCATE = """
+from gateway.replicas import BEAT_FUNCTION
+
+ALLOCATE = (
+    BEAT_FUNCTION
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local h, reg = KEYS[1], KEYS[2]
 local rid, ttl = ARGV[1], tonumber(ARGV[2])
 local own_limit, active, kv = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local seen_n, returning = tonumber(ARGV[6]), tonumber(ARGV[7])
-redis.call('ZADD', reg, now + ttl, rid)
-redis.call('ZREMRANGEBYSCORE', reg, '-inf', now)
-local live_n = redis.call('ZCARD', reg)
+local live_n = beat(reg, rid, now, ttl)
 
 -- a fresh hash (new deployment, or Redis lost its data) or a replica back from its fallback: for one
 -- lease TTL nobody gets more than L / N, the share each replica may hold while it cannot reach Redis
@@ -140,6 +142,7 @@ for _, id in ipairs(ids) do
 end
 return out
 """
+)
 
 LEAVE = """
 redis.call('ZREM', KEYS[#KEYS], ARGV[1])

@@ -23,7 +23,6 @@ import contextlib
 import logging
 import time
 import typing
-import uuid
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -34,7 +33,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.tenants import heartbeat
+from gateway import replicas
 from gateway.tenants.failopen import Known
 from gateway.tenants.models import KeyRecord, Quotas, TenantSpec
 from gateway.tenants.quota import (
@@ -83,6 +82,7 @@ class RedisStore(Store):
         lease_s: float = 120.0,
         socket_timeout: float = 2.0,
         max_connections: int = 64,
+        replica: str | None = None,
     ) -> None:
         self.url = url
         self.prefix = prefix
@@ -91,7 +91,7 @@ class RedisStore(Store):
         self.lease_s = lease_s
         self.socket_timeout = socket_timeout
         self.channel = prefix + "changes"
-        self.replica_id = uuid.uuid4().hex
+        self.replica_id = replica or replicas.replica_name()
         # A blocking pool: a burst of admissions waits for a free connection instead of failing. A command
         # on a broken connection (a pooled one Redis dropped when it restarted) is sent once more on a new
         # one — every call here may be repeated (redis_scripts.py) — so a restart costs no request a 503.
@@ -108,7 +108,7 @@ class RedisStore(Store):
         self._settle = self.redis.register_script(SETTLE)
         self._levels = self.redis.register_script(LEVELS)
         self._record = self.redis.register_script(RECORD)
-        self._beat = self.redis.register_script(heartbeat.BEAT)
+        self._beat = self.redis.register_script(replicas.BEAT)
         self._tenants: dict[str, TenantSpec] = {}
         self._keys: dict[str, KeyRecord] = {}
         # what was cached before the subscription broke: served only while Redis cannot be asked
@@ -375,19 +375,19 @@ class RedisStore(Store):
         """Beat, count live replicas, and see whether Redis still holds what was seeded."""
 
         async def probe() -> tuple[int, bool]:
-            replicas = await heartbeat.beat(self._beat, self.prefix + "replicas", self.replica_id, now)
-            return replicas, not await self.redis.exists(self.prefix + "seeded")
+            live = await replicas.beat(self._beat, self.prefix + replicas.REGISTRY, self.replica_id)
+            return live, not await self.redis.exists(self.prefix + "seeded")
 
         self._down_until = 0.0  # the check is what notices a recovery: it never waits out the back-off
         try:
-            replicas, emptied = await self._call(probe)
+            live, emptied = await self._call(probe)
         except StoreUnavailable as e:
             return Health(e.state)
         if emptied:  # nothing cached is true any more
             self._clear_caches()
             self._stale_tenants.clear()
             self._stale_keys.clear()
-        return Health("up", replicas, emptied)
+        return Health("up", live, emptied)
 
     async def mark_seeded(self) -> None:
         await self._call(lambda: self.redis.set(self.prefix + "seeded", "1"))

@@ -79,8 +79,10 @@ class Reservation:
     settled: bool = False
 
 
-def build_store(config: StoreConfig, clock: Callable[[], float] = time.time) -> Store:
-    """The store named by gateway.yaml's `store.kind`."""
+def build_store(
+    config: StoreConfig, clock: Callable[[], float] = time.time, replica: str | None = None
+) -> Store:
+    """The store named by gateway.yaml's `store.kind`; `replica` names this process in a shared one."""
     if config.kind == "memory":
         return MemoryStore()
     if config.kind == "sqlite":
@@ -91,7 +93,7 @@ def build_store(config: StoreConfig, clock: Callable[[], float] = time.time) -> 
         raise ValueError("store.redis_url is required when store.kind is redis")
     from gateway.tenants.redis_store import RedisStore
 
-    return RedisStore(config.redis_url, config.redis_prefix, clock=clock)
+    return RedisStore(config.redis_url, config.redis_prefix, clock=clock, replica=replica)
 
 
 def parse_bootstrap(entries: Sequence[Mapping[str, Any]]) -> list[BootstrapTenant]:
@@ -139,10 +141,11 @@ class TenantService:
         bootstrap: Sequence[Mapping[str, Any]] = (),
         defaults: TenantDefaults | None = None,
         clock: Callable[[], float] = time.time,
+        replica: str | None = None,
     ) -> TenantService:
         """The service on the store `store` names (with its failure mode), seeding the `bootstrap` tenants."""
         return cls(
-            build_store(store, clock),
+            build_store(store, clock, replica),
             defaults=defaults,
             failure=store.redis_failure,
             clock=clock,
