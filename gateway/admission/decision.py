@@ -24,3 +24,4 @@ class Decision:
     pool_slots: int = 0  # Σ concurrency limits of the available backends
     prefill_rate: float = math.inf  # per-backend tokens/s: a whole request's predicted prefill
     share_window_s: float = 60.0  # time constant of the tenants' recent service
+    inbound: Mapping[str, int] = field(default_factory=dict)  # URL → peers' slots whose releases come here

@@ -174,7 +174,8 @@ class Dispatcher:
         (which frees itself within `round_s`), with `ahead` requests to be placed before it: 0.0 when the
         slots its rules leave free (over the backends it may use) cover them and it; else the releases
         still lacking at the pool's turnover (`SlotTurnover`: each usable backend's running requests over
-        its mean hold time, the rates adding up — a backend marked unavailable adds nothing);
+        its mean hold time, the rates adding up — a backend marked unavailable adds nothing; with
+        replicas, the peers' running requests count too while their releases are owed to this one);
         None when nothing can be predicted (KV full, no recent releases, own constraints). What the guard
         asks before refusing a request by prediction: past the head, slots — not prefill — are what a
         tenant held to its share, or any request when decodes fill every slot, waits for."""
@@ -186,7 +187,8 @@ class Dispatcher:
                 continue
             margins.append(slot_margin(entry.ticket, b, ctx.limits[b.url], ctx.rule, self.holdings))
             turnover = self.turnover.get(b.url)
-            rate += (turnover and turnover.rate(b.active, now, max_age_s)) or 0.0
+            occupied = b.active + ctx.inbound.get(b.url, 0)  # peers' releases owed to this replica
+            rate += (turnover and turnover.rate(occupied, now, max_age_s)) or 0.0
         if not margins:
             return None
         free = sum(m for m in margins if m > 0)

@@ -366,11 +366,13 @@ class PoolScheduler:
         limits = {url: lim.limit for url, lim in self.limits.items()}
         rate = self.rate.at(now)
         budgets = self.metering.budgets(settings.budgets.for_pool(self.pool), rate, keep=keep)
+        inbound: dict[str, int] = {}
         if self.shares is not None:  # replicas share the engines: dispatch within this one's share
             fraction = self.shares.fraction([b.url for b in self.backends], limits)
             tokens = max(1, int(budgets.prefill_tokens_per_round * fraction))
             budgets = self._shared_budgets.with_tokens(budgets, tokens, keep=keep)
             limits = {url: self.shares.granted(url, limit) for url, limit in limits.items()}
+            inbound = {url: n for url in limits if (n := self.shares.inbound(url))}
         return Decision(
             now=now,
             budgets=budgets,
@@ -379,6 +381,7 @@ class PoolScheduler:
             pool_slots=sum(limits[b.url] for b in self.backends if b.available),
             prefill_rate=rate,
             share_window_s=settings.fairness.share_window_s,
+            inbound=inbound,
         )
 
     def _blocked(self, head: Entry, ctx: Decision, settings: AdmissionSettings, now: float) -> dict[str, str]:
@@ -414,6 +417,13 @@ class PoolScheduler:
             return available
         limits = {url: lim.limit for url, lim in self.limits.items()}
         return available * self.shares.pace([b.url for b in self.backends], limits)
+
+    def top_reserve(self, limit: int) -> tuple[int, int]:
+        """(slots of `limit` the bands below the top leave free for it, the top band): (0, 0) while no
+        reserve is held. What replicas keep engine-wide (the allocator caps the lower bands' claims)."""
+        rule = self._slot_rule(self.settings(), None, self.clock())
+        reserve = rule.band_reserve(-math.inf, limit)
+        return (reserve, int(rule.top_band)) if reserve > 0 else (0, 0)
 
     def _round_tokens(self, budgets: PoolBudgets) -> int:
         return budgets.prefill_tokens_per_round * max(1, self._available())

@@ -26,6 +26,11 @@ class ReplicaShares(Protocol):
         at least an even split (a share lags a sudden rise of demand by a refresh or two)."""
         ...
 
+    def inbound(self, url: str) -> int:
+        """The other replicas' running requests on `url` whose releases will come to this one (its queue
+        predicts its slot waits from them too)."""
+        ...
+
     def follows(self, url: str) -> int | None:
         """The engine's limit to adopt when another replica owns it; None when this one does."""
         ...

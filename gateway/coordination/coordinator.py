@@ -80,18 +80,22 @@ class Coordinator:
                 for sched in self.schedulers.values():
                     queued = sched.queue.depth_by_band()
                     for b in sched.backends:
+                        limit = sched.limits[b.url].limit
+                        reserve, top = sched.top_reserve(limit)
                         demand = dict(queued)
                         for band, n in sched.dispatcher.holdings.by_band(b.url).items():
                             demand[band] = demand.get(band, 0) + n
                         args: list[str | int | bytes] = [
                             shares.replica,
                             ttl_ms,
-                            sched.limits[b.url].limit,
+                            limit,
                             b.active,
                             b.reserved_kv_tokens,
                             shares.seen_replicas,
                             1 if shares.returning else 0,
                             orjson.dumps([[band, n] for band, n in demand.items() if n > 0]),
+                            reserve,
+                            top,
                         ]
                         await self._allocate(keys=[self._key(b.url), self.registry], args=args, client=pipe)
                         calls.append((sched, b))
@@ -106,7 +110,7 @@ class Coordinator:
             log.warning("coordination: redis reachable again; leases resume")
         until = sent + self.config.lease_ttl_s
         for (_, backend), answer in zip(calls, answers, strict=True):
-            grant, limit, live, peer_kv, peer_active, owner, *pairs = answer
+            grant, limit, live, peer_kv, peer_active, owner, target, *pairs = answer
             grants = {_text(pairs[i]): int(pairs[i + 1]) for i in range(0, len(pairs), 2)}
             shares.leased(
                 backend.url,
@@ -119,6 +123,7 @@ class Coordinator:
                     int(peer_active),
                     owner == 1,
                     grants,
+                    int(target),
                 ),
             )
             backend.peer_active = int(peer_active)

@@ -1,23 +1,27 @@
 """The lease allocator, one Lua script run atomically in Redis per (replica, backend) refresh.
 
 Keys: 1 the backend's hash: one field `r:<replica>` per live replica, a JSON lease {e expiry ms, g grant,
-p the grant before it, a active, k reserved KV tokens, w demand as [[band, n], ...]}; `owner` and
+p the grant before it, a active, k reserved KV tokens, w demand as [[band, n], ...], r the slots it keeps
+for the top band, t the top band}; `owner` and
 `limit`, the replica that owns the backend's adaptive limit and its value; `rec_until` and `rec_n`, the
 recovery cap. 2 the registry of live replicas (gateway/replicas.py), which the call beats. Time is Redis's
 own `TIME`, so replicas on hosts with skewed clocks agree on every lease.
 
 The call refreshes the caller's lease, drops expired ones (a killed replica's share returns), then splits
 the limit L max-min fairly between the live replicas by demand, band by band from the highest (a band is
-served before any lower one, on whichever replica it waits); what no demand claims is split evenly as
-headroom. The caller gets min(its target, L − Σ over the others of what they may hold). A replica's
-grant changes only in its own call, it dispatches under its previous grant until the answer arrives,
-and running requests cannot be taken back, so a replica may hold max(its grant, the grant before it
-(`p`), its active count when it called): the sum of those never exceeds L. A shrinking share is thus
-free for the others one refresh later.
+served before any lower one, on whichever replica it waits); while a replica keeps a reserve for the top
+band (it saw top-band work lately), the bands below the top claim at most L − R, R the reserve, and the
+unclaimed reserve goes to the replicas that keep one — where the top band arrives, as on one replica;
+what no demand claims beyond that is split evenly as headroom. The caller gets min(its target, L − Σ
+over the others of what they may hold). A replica's grant changes only in its own call, it dispatches
+under its previous grant until the answer arrives, and running requests cannot be taken back, so a
+replica may hold max(its grant, the grant before it (`p`), its active count when it called): the sum of
+those never exceeds L. A shrinking share is thus free for the others one refresh later.
 
 ARGV: replica, ttl_ms, own limit, active, reserved KV, seen replicas, returning (1 after a failed call),
-demand JSON. Returns: grant, L, live replicas, peers' KV, peers' active, 1 if the caller owns the limit,
-then replica, grant pairs of every live lease.
+demand JSON, reserve R (0: none held), top band. Returns: grant, L, live replicas, peers' KV, peers'
+active, 1 if the caller owns the limit, the caller's target (its part by demand, which its grant reaches
+as the others shrink), then replica, grant pairs of every live lease.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ for i = 1, #all, 2 do
     end
   end
 end
-local me = {e = now + ttl, g = 0, p = 0, a = active, k = kv, w = cjson.decode(ARGV[8])}
+local me = {e = now + ttl, g = 0, p = 0, a = active, k = kv, w = cjson.decode(ARGV[8]),
+  r = tonumber(ARGV[9]), t = tonumber(ARGV[10])}
 entries[rid] = me
 ids[#ids + 1] = rid
 table.sort(ids)
@@ -87,11 +92,23 @@ for _, id in ipairs(ids) do
   end
 end
 table.sort(bands, function(x, y) return x > y end)
+-- the top band's reserve, engine-wide: while any replica keeps one (it saw top-band work lately), the
+-- bands below the top claim no more than L - R, as on one replica, wherever the top band arrives next
+local R, top, keepers = 0, math.huge, {}
+for _, id in ipairs(ids) do
+  local e = entries[id]
+  if (e.r or 0) > 0 then
+    R = math.max(R, math.min(e.r, L))
+    top = math.min(top, e.t)
+    keepers[#keepers + 1] = id
+  end
+end
 local target = {}
 for _, id in ipairs(ids) do target[id] = 0 end
 local left = L
 for _, b in ipairs(bands) do
-  if left <= 0 then break end
+  local kept = (b < top) and R or 0
+  if left - kept <= 0 then break end
   local want = {}
   for _, id in ipairs(ids) do
     local d = demand[id][b] or 0
@@ -100,22 +117,30 @@ for _, b in ipairs(bands) do
   table.sort(want, function(x, y) if x[2] ~= y[2] then return x[2] < y[2] end return x[1] < y[1] end)
   local short = {}
   for i, p in ipairs(want) do
-    local give = math.min(p[2], math.floor(left / (#want - i + 1)))
+    local give = math.min(p[2], math.floor((left - kept) / (#want - i + 1)))
     target[p[1]] = target[p[1]] + give
     left = left - give
     if give < p[2] then short[#short + 1] = p[1] end
   end
   for _, id in ipairs(short) do  -- the remainder of the integer split, one each
-    if left <= 0 then break end
+    if left - kept <= 0 then break end
     target[id] = target[id] + 1
     left = left - 1
   end
 end
-if left > 0 then  -- unclaimed: even headroom, so a new request starts without waiting for a refresh
-  local each, extra = math.floor(left / #ids), left % #ids
-  for i, id in ipairs(ids) do
+local function spread(n, among)  -- n slots evenly, the remainder one each in id order
+  local each, extra = math.floor(n / #among), n % #among
+  for i, id in ipairs(among) do
     target[id] = target[id] + each + ((i <= extra) and 1 or 0)
   end
+end
+if left > 0 and #keepers > 0 then  -- the unclaimed reserve: where the top band arrives
+  local r = math.min(left, R)
+  spread(r, keepers)
+  left = left - r
+end
+if left > 0 then  -- unclaimed: even headroom, so a new request starts without waiting for a refresh
+  spread(left, ids)
 end
 
 local others, peer_kv, peer_active = 0, 0, 0
@@ -135,7 +160,7 @@ me.g = g
 me.p = me_before
 redis.call('HSET', h, 'r:' .. rid, cjson.encode(me))
 redis.call('PEXPIRE', h, ttl * 100)
-local out = {g, L, live_n, peer_kv, peer_active, (owner == rid) and 1 or 0}
+local out = {g, L, live_n, peer_kv, peer_active, (owner == rid) and 1 or 0, target[rid]}
 for _, id in ipairs(ids) do
   out[#out + 1] = id
   out[#out + 1] = entries[id].g

@@ -29,6 +29,7 @@ class Lease:
     peer_active: int
     owner: bool
     grants: dict[str, int] = field(default_factory=dict)  # replica → grant, every live lease
+    target: int = 0  # this replica's part by demand, which its grant reaches as the others' decodes end
 
 
 class Shares:
@@ -91,6 +92,15 @@ class Shares:
     def peer_active(self, url: str) -> int:
         lease = self.leases.get(url)
         return 0 if lease is None else lease.peer_active
+
+    def inbound(self, url: str) -> int:
+        """The peers' running requests whose slots come to this replica as they end: all of them while
+        its demand is owed more than its grant (by band, the allocator hands every release to the
+        highest waiting band first), else none."""
+        lease = self.leases.get(url)
+        if lease is None or self.failed_at is not None or lease.target <= lease.grant:
+            return 0
+        return lease.peer_active
 
     def peer_kv_tokens(self, url: str) -> int:
         lease = self.leases.get(url)

@@ -75,6 +75,7 @@ def decision(
     rule: SlotRule | None = None,
     pool_slots: int = 0,
     prefill_rate: float = math.inf,
+    inbound: Mapping[str, int] | None = None,
 ) -> Decision:
     """A dispatcher's decision context: `limits` per backend URL, else `limit` for every backend."""
     return Decision(
@@ -84,6 +85,7 @@ def decision(
         rule=rule or SlotRule(),
         pool_slots=pool_slots,
         prefill_rate=prefill_rate,
+        inbound=inbound or {},
     )
 
 

@@ -118,6 +118,19 @@ def test_slot_wait_is_zero_with_room_for_those_ahead_else_lacking_releases_at_th
     assert d.slot_wait(low, pool, ctx, 10.0, 30.0) == 1.0
 
 
+def test_a_replica_owed_slots_held_by_its_peers_waits_at_the_engines_turnover() -> None:
+    (b,), d = backends(1), Dispatcher()
+    _hold(d.holdings, b, 2, priority=10)  # its whole share of 2
+    d.turnover[b.url] = SlotTurnover()
+    d.turnover[b.url].taken(1, 7.0)
+    d.turnover[b.url].freed(1, 9.0)  # a slot is held 2 s
+    waiting = entry(ticket(priority=10))
+    assert d.slot_wait(waiting, [b], decision(limit=2), 10.0, 30.0) == 1.0  # its own 2 free one a second
+    # 6 of the peers' running requests end into its share: the engine's 8 free four a second
+    owed = decision(limit=2, inbound={b.url: 6})
+    assert d.slot_wait(waiting, [b], owed, 10.0, 30.0) == 0.25
+
+
 def test_dispatcher_release_undoes_commit_and_times_the_slot() -> None:
     b, d = backends(1)[0], Dispatcher()
     t = ticket(tenant="a", priority=0, prompt=10)

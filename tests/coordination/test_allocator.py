@@ -1,5 +1,5 @@
-"""The allocator script against the suite's real redis-server: the split by band, the hold of a shrinking
-share, expiry of a dead replica's lease, the limit's owner, the recovery cap."""
+"""The allocator script against the suite's real redis-server: the split by band, the top band's reserve,
+the hold of a shrinking share, expiry of a dead replica's lease, the limit's owner, the recovery cap."""
 
 from __future__ import annotations
 
@@ -33,10 +33,11 @@ class Allocator:
         seen: int = 1,
         returning: bool = False,
         kv: int = 0,
+        reserve: tuple[int, int] = (0, 0),
     ) -> dict[str, Any]:
         wanted = [[band, n] for band, n in (demand or {}).items()]
-        args = [replica, ttl_ms, limit, active, kv, seen, int(returning), orjson.dumps(wanted)]
-        grant, engine_limit, live, peer_kv, peer_active, owner, *pairs = self.script(
+        args = [replica, ttl_ms, limit, active, kv, seen, int(returning), orjson.dumps(wanted), *reserve]
+        grant, engine_limit, live, peer_kv, peer_active, owner, target, *pairs = self.script(
             keys=self.keys, args=args
         )
         return {
@@ -46,6 +47,7 @@ class Allocator:
             "peer_kv": peer_kv,
             "peer_active": peer_active,
             "owner": owner == 1,
+            "target": target,
             "grants": {pairs[i].decode(): pairs[i + 1] for i in range(0, len(pairs), 2)},
         }
 
@@ -76,6 +78,34 @@ def test_a_higher_band_on_one_replica_wins_slots_from_a_lower_band_on_another(al
     assert reply["grant"] == 5
     assert reply["grants"] == {"a": 3, "b": 5}
     assert reply["peer_active"] == 3
+
+
+def test_the_top_bands_reserve_is_kept_engine_wide_for_the_replica_that_serves_it(
+    allocate: Allocator,
+) -> None:
+    # a saw top-band (10) work lately and keeps 2 of 8 for it; b's low flood claims all it may
+    first = allocate("a", {10: 1}, reserve=(2, 10))
+    assert (first["grant"], first["target"]) == (8, 8)
+    flood = allocate("b", {0: 20})
+    assert flood["target"] == 5  # 8 - a's running top request - the reserve of 2, wherever it arrives
+    assert allocate("a", {10: 1}, active=1, reserve=(2, 10))["target"] == 3  # its request + the reserve
+    allocate("a", {10: 1}, active=1, reserve=(2, 10))  # its grant before (8) no longer counts
+    assert allocate("b", {0: 20})["grant"] == 5
+    # a new top-band request on a starts at once: the reserve is a's, not stranded on b
+    reply = allocate("a", {10: 2}, active=1, reserve=(2, 10))
+    assert (reply["grant"], reply["grants"]) == (3, {"a": 3, "b": 5})
+
+
+def test_without_a_reserve_the_lower_band_takes_everything_unclaimed(allocate: Allocator) -> None:
+    allocate("a", {10: 1})
+    assert allocate("b", {0: 20})["target"] == 7
+
+
+def test_a_replica_owed_more_than_its_grant_learns_its_target(allocate: Allocator) -> None:
+    allocate("a", {0: 20})
+    allocate("a", {0: 20}, active=8)
+    reply = allocate("b", {10: 5})
+    assert (reply["grant"], reply["target"]) == (0, 5)  # a's 8 running are what b's slots wait for
 
 
 def test_one_band_splits_max_min_fairly_by_demand(allocate: Allocator) -> None:

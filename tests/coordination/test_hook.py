@@ -52,3 +52,16 @@ def test_a_follower_adopts_the_owners_adaptive_limit() -> None:
     assert (s.limits[pool[0].url].limit, ctx.limits[pool[0].url]) == (20, 10)  # the owner's 20, our 10
     shares.leased(pool[0].url, Lease(10, 20, clock() + 3.0, 2, 0, 0, True, {"me": 10}))
     assert shares.follows(pool[0].url) is None  # as the owner, its own controller moves the value on
+
+
+async def test_the_top_bands_reserve_is_offered_to_the_allocator_while_the_replica_holds_it() -> None:
+    clock = FakeClock()
+    pool = backends(1)
+    s = PoolScheduler("interactive", pool, lambda: FIXED_8.admission, clock=clock)
+    assert s.top_reserve(8) == (0, 0)  # no top-band request seen: nothing kept for one
+    task = await spawn(s, ticket(priority=10))
+    task.result().release()
+    assert s.top_reserve(8) == (2, 10)  # ⌈0.15 × 8⌉ for band 10
+    clock.advance(301.0)
+    assert s.top_reserve(8) == (0, 0)  # the reserve's hold (300 s) ran out
+    await asyncio.sleep(0)

@@ -98,3 +98,16 @@ def test_the_queue_predicts_at_its_share_and_at_least_an_even_split() -> None:
     assert shares.pace(["a"], {"a": 12}) == pytest.approx(9 / 12)
     shares.leased("a", lease(1, until=103.0, replicas=3))
     assert shares.pace(["a"], {"a": 12}) == pytest.approx(1 / 3)
+
+
+def test_the_peers_releases_are_inbound_only_while_the_target_exceeds_the_grant() -> None:
+    clock = Clock()
+    shares = Shares("me", 3.0, 1, clock)
+    assert shares.inbound(URL) == 0  # no lease yet
+    shares.leased(URL, Lease(2, 8, 103.0, 2, 0, 6, False, {"me": 2, "peer": 6}, target=5))
+    assert shares.inbound(URL) == 6
+    shares.leased(URL, Lease(5, 8, 103.0, 2, 0, 3, False, {"me": 5, "peer": 3}, target=5))
+    assert shares.inbound(URL) == 0  # at its target: its own releases are its turnover
+    shares.leased(URL, Lease(2, 8, 103.0, 2, 0, 6, False, {"me": 2, "peer": 6}, target=5))
+    shares.failed(101.0)
+    assert shares.inbound(URL) == 0  # in the fallback nothing comes from the peers
