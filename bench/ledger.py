@@ -254,25 +254,41 @@ def _engine_count(work: dict[str, Any]) -> int:
 
 
 def _by_fate(log: Path, tallies: dict[str, Tally], engines: dict[str, dict[str, Any]]) -> list[str]:
-    """Charged (the access log's usage) against the engines' count, per fate, all tenants together."""
-    charged: dict[str, int] = {}
+    """Charged (the access log's usage) against the engines' count, per fate, all tenants together; and
+    where they part: prompts charged for requests an engine dropped before their prefill started
+    (`unprefilled`), prefills an engine ran that were charged no prompt (`unpaid`: the gateway predicted
+    the client left while the request still waited), and the gateway's price of the prompts an engine did
+    prefill against the engine's own count (`prompt +/-`: the estimate's error on the charges the gateway
+    had to infer)."""
+    charged: dict[str, tuple[int, int]] = {}
     for line in log.read_text(errors="replace").splitlines():
         start = line.find('{"ts"')
         if start < 0:
             continue
         entry = orjson.loads(line[start:])
         if entry.get("request_id") and entry.get("prompt_tokens") is not None:
-            charged[entry["request_id"]] = entry["prompt_tokens"] + entry["output_tokens"]
+            charged[entry["request_id"]] = (entry["prompt_tokens"], entry["output_tokens"])
     sums: dict[str, list[int]] = {}
     for tally in tallies.values():
         for rid, fate in tally.fate.items():
             w = engines.get(rid)
-            row = sums.setdefault(fate, [0, 0, 0])
-            row[0] += charged.get(rid, 0)
+            prompt, output = charged.get(rid, (0, 0))
+            row = sums.setdefault(fate, [0, 0, 0, 0, 0, 0])
+            row[0] += prompt + output
             row[1] += _engine_count(w) if w else 0
             row[2] += 1
-    out = ["{:<11} {:>5} {:>9} {:>9}".format("fate", "sent", "charged", "engines")]
-    out += [f"{f:<11} {n:>5} {c:>9} {e:>9}" for f, (c, e, n) in sorted(sums.items())]
+            if w is not None and not w["prefilled"]:
+                row[3] += prompt
+            elif w is not None and not prompt:
+                row[4] += int(w["prompt_tokens"])
+            elif w is not None:
+                row[5] += prompt - int(w["prompt_tokens"])
+    head = ("fate", "sent", "charged", "engines", "unprefilled", "unpaid", "prompt +/-")
+    out = ["{:<11} {:>5} {:>9} {:>9} {:>11} {:>7} {:>10}".format(*head)]
+    out += [
+        f"{f:<11} {n:>5} {c:>9} {e:>9} {u:>11} {m:>7} {d:>+10}"
+        for f, (c, e, n, u, m, d) in sorted(sums.items())
+    ]
     return out
 
 

@@ -36,12 +36,13 @@ from gateway.proxy import (
 )
 from gateway.speech.events import SPEECH_FORMAT_HEADERS, SPEECH_HEADERS, read_json, speech_seconds
 from gateway.sse import SSERelay, error_event, whole_answer_tokens
-from gateway.tenants.charge import infer
+from gateway.tenants.charge import infer, left_waiting
 from gateway.ticket import Outcome, Ticket, Usage
 
 if TYPE_CHECKING:
     from gateway.admission.scheduler import Lease
     from gateway.backends.pool import Pool
+    from gateway.backends.state import BackendState
     from gateway.replica import Gateway
     from gateway.tenants.service import Reservation
 
@@ -94,6 +95,18 @@ def client_headers(ticket: Ticket) -> dict[str, str]:
         "x-omnigate-estimated-tokens": str(ticket.cost.total_tokens),
         **(ticket.rate_limits or {}),
     }
+
+
+def _pace(backend: BackendState, ticket: Ticket) -> None:
+    """Teach the backend's decode pace from an answer with the engine's usage: a stream's time between its
+    tokens, a whole answer's time after its predicted prefill per token."""
+    tokens = ticket.usage.completion_tokens if ticket.usage is not None else 0
+    if ticket.stream:
+        first, last = ticket.first_token_at, ticket.last_token_at
+        if tokens >= 2 and first is not None and last is not None:
+            backend.progress.answered((last - first) / (tokens - 1))
+    elif tokens and ticket.prefill_at is not None and ticket.finished_at is not None:
+        backend.progress.answered((ticket.finished_at - ticket.prefill_at - ticket.prefill_s) / tokens)
 
 
 def _int(value: str | None) -> int:
@@ -209,6 +222,9 @@ class CompletionEndpoint:
         """Return the backend's budgets; the lease feeds the controller and the prefill-rate estimate. An
         answer the gateway left unfinished (the client left, a deadline passed) may still run there."""
         ttft, tpot = engine_latencies(ticket)
+        answered = ticket.usage is not None and ticket.usage_inferred is None and ticket.outcome == Outcome.OK
+        if answered and ticket.voice is None:
+            _pace(lease.backend, ticket)
         left = ticket.outcome in (Outcome.PENDING, Outcome.TIMEOUT)
         self._end(lease, deadlines, left, ticket.usage, ticket.outcome, ttft, tpot)
 
@@ -255,6 +271,7 @@ class CompletionEndpoint:
             ticket.backend = backend.name
             ticket.dispatched_at = self.gw.clock()
             ticket.reached_engine = False  # until its body is out (open_upstream's `sent`): then charged
+            ticket.prefill_at = None
             record.record_dispatch(ticket)
             assert owner.client is not None
             # loans are revocable until the first byte: nothing has reached the client; others pay no
@@ -271,7 +288,7 @@ class CompletionEndpoint:
                         headers,
                         deadlines,
                         stream=ticket.stream,
-                        sent=functools.partial(setattr, ticket, "reached_engine", True),
+                        sent=functools.partial(self._sent, ticket, backend),
                     )
             except UpstreamError as e:
                 if isinstance(e, (UpstreamConnectError, UpstreamStatusError)):
@@ -301,7 +318,9 @@ class CompletionEndpoint:
                     continue
                 ticket.outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
                 raise verdict.error from None
-            except BaseException:
+            except BaseException as e:
+                if isinstance(e, asyncio.CancelledError):  # the client left before the first byte
+                    left_waiting(ticket, backend.progress, self.gw.clock(), owner.kind.runs_on(ticket))
                 owner.record_no_verdict(backend, ticket.dispatched_at)
                 self._end(lease, deadlines, True, Usage(0, 0), Outcome.CANCELLED)
                 raise
@@ -318,7 +337,17 @@ class CompletionEndpoint:
             owner.record_success(backend, ticket.dispatched_at)
             if ticket.stream:
                 lease.started()  # the first byte of a stream comes with the first token
+                backend.progress.first_token(ticket, self.gw.clock())  # and ends its prefill
             return upstream, lease
+
+    def _sent(self, ticket: Ticket, backend: BackendState) -> None:
+        """The request's body is going out to the engine: from now it is charged, and its prefill is
+        predicted behind those sent before it (gateway/backends/progress.py)."""
+        if ticket.reached_engine:  # called for every chunk of the body
+            return
+        ticket.reached_engine = True
+        now = self.gw.clock()
+        backend.progress.sent(ticket, now, self.gw.schedulers[backend.pool].rate.at(now))
 
     def _failed(self, ticket: Ticket, pool: Pool, lease: Lease, e: UpstreamError) -> ApiError:
         """A relay that ended without its answer: the outcome and the circuit as the backend's kind judges

@@ -95,6 +95,10 @@ class Ticket:
     usage: Usage | None = None  # the engine's own count, else what gateway/tenants/charge.py infers
     usage_inferred: str | None = None  # why `usage` was inferred (charge.py's reasons); None: the engine's
     reached_engine: bool = False  # the last attempt may have run on the engine (it is charged)
+    prefill_at: float | None = (
+        None  # when the engine is predicted to start its prefill (backends/progress.py)
+    )
+    prefill_s: float = 0.0  # and how long the prefill is predicted to take
     outcome: Outcome = Outcome.PENDING
     error_code: str | None = None
     error: str | None = None  # what went wrong, for the access log and failure alerts

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.backends.circuit import Breaker, CircuitState
+from gateway.backends.progress import EngineProgress
 
 
 @dataclass(slots=True)
@@ -39,6 +40,7 @@ class _Fields:
     queue_reqs: int | None = None
     detached_reqs: int | None = None  # requests it runs for which no client waits any more (sglang-omni)
     last_scrape: float = 0.0
+    progress: EngineProgress = field(default_factory=EngineProgress)  # its predicted work (the ledger's)
 
     def __post_init__(self) -> None:
         self.name = self.name or self.url

@@ -36,8 +36,9 @@ QUOTA_DENIALS = Counter(
 )
 USAGE_INFERRED = Counter(
     "omnigate_usage_inferred_total",
-    "Requests charged without the engine's usage (priced prompt + counted answer), by reason: client_left, "
-    "stream_cut, no_usage.",
+    "Requests charged without the engine's usage (priced prompt + counted or predicted answer), by reason "
+    "(client_left, stream_cut, no_usage); left_queued: charged nothing, the engine never reached its "
+    "prefill.",
     ["reason"],
     registry=REGISTRY,
 )

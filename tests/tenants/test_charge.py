@@ -1,13 +1,15 @@
-"""The charge rule (gateway/tenants/charge.py) and the relay's answer count it relies on, on pure values."""
+"""The charge rule (gateway/tenants/charge.py), the relay's answer count and the engine's predicted progress
+(gateway/backends/progress.py) it relies on, on pure values."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
+from gateway.backends.progress import EngineProgress
 from gateway.estimate.text import estimate_text_tokens
 from gateway.sse import SSERelay, whole_answer_tokens
-from gateway.tenants.charge import Inferred, billable, infer
+from gateway.tenants.charge import Inferred, billable, infer, left_waiting
 from gateway.ticket import Cost, Outcome, Ticket, Usage
 
 
@@ -84,3 +86,83 @@ def test_a_whole_answer_is_counted_from_its_message_text() -> None:
     assert whole_answer_tokens(answer, estimate_text_tokens) == estimate_text_tokens("one two three four")
     assert whole_answer_tokens(None, estimate_text_tokens) == 0
     assert whole_answer_tokens({"choices": "junk"}, estimate_text_tokens) == 0
+
+
+def _sent(progress: EngineProgress, at: float, prompt: int = 1000, stream: bool = True) -> Ticket:
+    t = Ticket(
+        id=f"r{at}", model="m", stream=stream, arrival=at, cost=Cost(text_tokens=prompt, max_output_tokens=50)
+    )
+    t.reached_engine = True
+    progress.sent(t, at, prefill_rate=1000.0)  # 1 s per 1000 tokens
+    return t
+
+
+def test_a_prefill_is_predicted_behind_those_sent_before_it() -> None:
+    progress = EngineProgress()
+    first, second = _sent(progress, 10.0), _sent(progress, 10.5, prompt=500)
+    assert (first.prefill_at, first.prefill_s) == (10.0, 1.0)
+    assert (second.prefill_at, second.prefill_s) == (11.0, 0.5)
+    assert progress.prefill_until == 11.5
+    assert _sent(progress, 20.0).prefill_at == 20.0  # an idle engine starts it at once
+
+
+def test_a_first_byte_moves_the_horizon_by_the_predictions_error() -> None:
+    progress = EngineProgress()
+    first, _ = _sent(progress, 10.0), _sent(progress, 10.0)
+    progress.first_token(first, 10.6)  # prefilled 0.4 s sooner than predicted
+    assert progress.prefill_until == pytest.approx(11.6)
+    progress.first_token(first, 30.0)  # nothing predicted past it: nothing to move
+    assert progress.prefill_until == pytest.approx(11.6)
+
+
+def test_leaving_before_the_predicted_prefill_charges_nothing_and_gives_its_share_back() -> None:
+    progress = EngineProgress()
+    _sent(progress, 10.0)
+    queued = _sent(progress, 10.0)
+    left_waiting(queued, progress, 10.5, runs_on=False)
+    assert queued.usage == Usage(0, 0) and queued.usage_inferred == Inferred.LEFT_QUEUED
+    assert billable(queued) == Usage(0, 0)
+    assert progress.prefill_until == 11.0  # its own second of prefill is off the horizon
+
+
+def test_a_server_that_runs_on_prefills_a_request_whose_client_left_while_queued() -> None:
+    progress = EngineProgress()
+    _sent(progress, 10.0)
+    queued = _sent(progress, 10.0)
+    left_waiting(queued, progress, 10.5, runs_on=True)
+    assert queued.usage == Usage(1000, 0) and queued.usage_inferred == Inferred.CLIENT_LEFT
+    assert progress.prefill_until == 12.0
+
+
+def test_leaving_after_the_prefill_started_charges_the_prompt() -> None:
+    progress = EngineProgress()
+    t = _sent(progress, 10.0)
+    left_waiting(t, progress, 10.2, runs_on=False)
+    assert t.usage == Usage(1000, 0) and t.usage_inferred == Inferred.CLIENT_LEFT
+
+
+def test_a_whole_answer_left_mid_generation_pays_the_tokens_decoded_at_the_measured_pace() -> None:
+    progress = EngineProgress()
+    progress.answered(0.05)
+    progress.answered(0.10)  # the pace follows recent answers
+    assert progress.token_s == pytest.approx(0.06)
+    t = _sent(progress, 10.0, stream=False)  # prefill ends at 11.0 with the first token
+    left_waiting(t, progress, 11.63, runs_on=False)  # 0.63 s of decoding: 10 steps
+    assert t.usage == Usage(1000, 11) and t.usage_inferred == Inferred.CLIENT_LEFT
+    late = _sent(progress, 20.0, stream=False)
+    left_waiting(late, progress, 100.0, runs_on=False)
+    assert late.usage == Usage(1000, 50)  # never more than its max_tokens
+
+
+def test_a_whole_answer_is_charged_its_prompt_until_a_pace_was_measured() -> None:
+    progress = EngineProgress()
+    t = _sent(progress, 10.0, stream=False)
+    left_waiting(t, progress, 15.0, runs_on=False)
+    assert t.usage == Usage(1000, 0)
+
+
+def test_a_request_that_never_reached_the_engine_is_left_uncharged() -> None:
+    progress = EngineProgress()
+    t = Ticket(id="r", model="m", stream=True, arrival=0.0, cost=Cost(text_tokens=1000))
+    left_waiting(t, progress, 1.0, runs_on=False)
+    assert t.usage is None and billable(t) == Usage(0, 0)
