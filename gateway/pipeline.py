@@ -166,8 +166,7 @@ class CompletionEndpoint:
             raw = await read_body(request, self.gw.config.limits.max_body_bytes)
             parsed = parse_request(raw, self.endpoint)
             ticket.model, ticket.stream, ticket.endpoint = parsed.model, parsed.stream, parsed.endpoint
-            pool, reservation = await self.gw.admit(ticket, parsed, request, policy, tenant)
-            pool.kind.check_route(self.path, parsed.model)
+            pool, reservation = await self.gw.admit(ticket, parsed, request, policy, tenant, self.path)
             # A bare watcher task and one scope, not a task group (docs/decisions/0005-disconnect-watcher.md).
             with anyio.CancelScope() as on_disconnect:
                 watcher = asyncio.create_task(ex.watch_disconnect(receive, on_disconnect))

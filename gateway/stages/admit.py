@@ -1,5 +1,8 @@
 """Stage 2: admit a request into a pool — classify it, route it, price it, and reserve its quota.
 
+A route the pool's servers lack is refused as soon as the pool is known: before pricing, the quota and the
+queue, so such a request takes nothing from the tenant and never waits.
+
 The ticket leaves this stage with its tenant, class, pool, priority, deadline, cost and bucket set, and
 (with auth on) a quota reservation that must reach the finish stage whatever happens next.
 """
@@ -79,9 +82,16 @@ class Admit:
         self.clock = clock
 
     async def __call__(
-        self, ticket: Ticket, parsed: ParsedRequest, request: Request, policy: Policy, tenant: Tenant
+        self,
+        ticket: Ticket,
+        parsed: ParsedRequest,
+        request: Request,
+        policy: Policy,
+        tenant: Tenant,
+        path: str,
     ) -> tuple[Pool, Reservation | None]:
-        """Classify, price and reserve quota; the returned reservation must reach the finish stage."""
+        """Classify, route (refusing a `path` the pool's servers lack), price and reserve quota; the
+        returned reservation must reach the finish stage."""
         ticket.tenant = tenant.id
         served = policy.model_aliases.get(parsed.model)
         if served is not None:  # the engines know the served name only
@@ -99,6 +109,7 @@ class Admit:
         ticket.traffic_class = traffic_class
         pool = self.router.route(parsed.model, traffic_class, policy)
         ticket.pool = pool.name
+        pool.kind.check_route(path, parsed.model)
         levels = policy.queue.priorities
         asked = _priority_header(request, levels.levels)
         ticket.priority = levels.clamp(self.tenants.effective_priority(tenant, asked))

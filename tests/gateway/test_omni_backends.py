@@ -42,8 +42,8 @@ def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Man
         group.close()
 
 
-def omni_gateway(start_gateway: Callable[..., ServerThread], backends: list[str], **server: Any) -> str:
-    pool = {
+def omni_pool(backends: list[str], **server: Any) -> dict[str, Any]:
+    return {
         "name": "interactive",
         "kind": "sglang-omni",
         "models": [MODEL],
@@ -51,7 +51,10 @@ def omni_gateway(start_gateway: Callable[..., ServerThread], backends: list[str]
         "health_interval_s": 0.2,
         "sglang_omni": server,
     }
-    return start_gateway(backends, pools=[pool]).url
+
+
+def omni_gateway(start_gateway: Callable[..., ServerThread], backends: list[str], **server: Any) -> str:
+    return start_gateway(backends, pools=[omni_pool(backends, **server)]).url
 
 
 def admin_state(gw: str) -> dict[str, Any]:
@@ -261,3 +264,24 @@ def test_a_route_the_servers_lack_is_refused_before_it_reaches_them(sims, start_
         "code": "route_not_served",
     }
     assert submitted(sim) == before
+
+
+def test_a_route_the_servers_lack_takes_no_quota(sims, start_gateway):
+    """Refused before admission: a tenant allowed one request a minute still has it afterwards."""
+    sim = sims()
+    key = "og-route-test-0123456789"
+    gw = start_gateway(
+        [sim.url],
+        pools=[omni_pool([sim.url])],
+        auth={"required": True},
+        tenants=[{"id": "solo", "keys": [key], "quotas": {"rpm": 1}}],
+    ).url
+    auth = {"authorization": f"Bearer {key}"}
+    refused = httpx.post(
+        f"{gw}/v1/completions", json={"model": MODEL, "prompt": "hi"}, headers=auth, timeout=10
+    )
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "route_not_served"
+    assert "x-ratelimit-remaining-requests" not in refused.headers
+    answer = httpx.post(f"{gw}/v1/chat/completions", json=CHAT, headers=auth, timeout=30)
+    assert answer.status_code == 200
+    assert answer.headers["x-ratelimit-remaining-requests"] == "0"
