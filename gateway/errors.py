@@ -63,6 +63,7 @@ class ErrorCode(StrEnum):
     OUTPUT_TPM_EXCEEDED = "output_tokens_per_minute_exceeded"
     TOTAL_TPM_EXCEEDED = "tokens_per_minute_exceeded"
     RPM_EXCEEDED = "requests_per_minute_exceeded"
+    AUDIO_SPM_EXCEEDED = "audio_seconds_per_minute_exceeded"
     CONCURRENCY_EXCEEDED = "concurrent_requests_exceeded"
     DAILY_BUDGET_EXCEEDED = "daily_token_budget_exceeded"
     MONTHLY_BUDGET_EXCEEDED = "monthly_token_budget_exceeded"

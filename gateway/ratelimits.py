@@ -4,8 +4,8 @@ OpenAI's SDKs and most client libraries read them to pace themselves. Each limit
 L refilled at L/60 per second (gateway/tenants/quota.py), so: limit = L, remaining = the bucket's level
 after this request (0 while in debt), reset = the time until the bucket is full again — "the time until the
 rate limit resets to its initial state", written as OpenAI writes it (`1s`, `6m0s`, `20ms`). `requests` is
-the tenant's `rpm`; `tokens` its `total_tpm`, else `input_tpm`, else `output_tpm`. A limit the tenant does
-not have gets no headers.
+the tenant's `rpm`; `tokens` its `total_tpm`, else `input_tpm`, else `output_tpm`; `audio-seconds` (not
+OpenAI's: speech out) its `audio_spm`. A limit the tenant does not have gets no headers.
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ from collections.abc import Mapping
 
 from gateway.tenants.models import Quotas
 
-LIMITS = (("requests", ("rpm",)), ("tokens", ("total_tpm", "input_tpm", "output_tpm")))
+LIMITS = (
+    ("requests", ("rpm",)),
+    ("tokens", ("total_tpm", "input_tpm", "output_tpm")),
+    ("audio-seconds", ("audio_spm",)),
+)
 
 
 def go_duration(seconds: float) -> str:

@@ -144,7 +144,10 @@ class Admit:
         while True:
             try:
                 return await self.tenants.reserve(
-                    tenant, ticket.cost.prompt_tokens, ticket.cost.expected_output_tokens
+                    tenant,
+                    ticket.cost.prompt_tokens,
+                    ticket.cost.expected_output_tokens,
+                    audio_seconds=ticket.cost.speech_seconds,
                 )
             except QuotaExceeded as e:
                 wait = e.retry_after or 0.0

@@ -1,7 +1,7 @@
 """The last stage, once per request whatever its outcome: settle the quota reservation with what the engine
-did (gateway/tenants/charge.py), then measure. The two never depend on each other: a reconcile that fails
-still leaves the request measured, logged and alerted on. Never raises: a failure here is logged, never
-shown to the client."""
+did (gateway/tenants/charge.py) and the audio it delivered (read from the WAV headers), then measure. The
+two never depend on each other: a reconcile that fails still leaves the request measured, logged and
+alerted on. Never raises: a failure here is logged, never shown to the client."""
 
 from __future__ import annotations
 
@@ -38,7 +38,12 @@ class Finish:
         if reservation is not None:
             try:
                 with anyio.CancelScope(shield=True):
-                    await self.tenants.reconcile(reservation, usage.prompt_tokens, usage.completion_tokens)
+                    await self.tenants.reconcile(
+                        reservation,
+                        usage.prompt_tokens,
+                        usage.completion_tokens,
+                        audio_seconds=ticket.audio_seconds,
+                    )
             except Exception:
                 log.exception("reconciling request %s failed", ticket.id)
         try:

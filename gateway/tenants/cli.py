@@ -31,6 +31,7 @@ QUOTA_FLAGS = (
     "output_tpm",
     "total_tpm",
     "rpm",
+    "audio_spm",
     "max_concurrent",
     "max_queued",
     "daily_tokens",

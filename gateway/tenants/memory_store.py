@@ -81,7 +81,7 @@ class MemoryStore(Store):
         self.book.settle(tenant_id, quotas, reserved, actual, reserved_at, now)
 
     async def record_usage(self, tenant_id: str, reservation_id: str, ts: float, usage: Charge) -> None:
-        self.book.record(tenant_id, ts, usage.input_tokens, usage.output_tokens, 1)
+        self.book.record(tenant_id, ts, usage.input_tokens, usage.output_tokens, 1, usage.audio_ms)
 
     async def levels(self, tenant_id: str, quotas: Quotas, now: float) -> dict[str, float]:
         return self.book.levels(tenant_id, quotas, now)

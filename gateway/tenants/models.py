@@ -36,6 +36,9 @@ class Quotas(Frozen):
     output_tpm: int | None = Field(default=None, ge=1, description="Output tokens per minute.")
     total_tpm: int | None = Field(default=None, ge=1, description="Input plus output tokens per minute.")
     rpm: int | None = Field(default=None, ge=1, description="Requests per minute.")
+    audio_spm: int | None = Field(
+        default=None, ge=1, description="Audio seconds per minute that answers speak (speech out)."
+    )
     max_concurrent: int | None = Field(
         default=None, ge=1, description="Requests admitted and not yet finished."
     )
@@ -93,6 +96,7 @@ class QuotasPatch(BaseModel):
     output_tpm: int | None = Field(default=None, ge=1)
     total_tpm: int | None = Field(default=None, ge=1)
     rpm: int | None = Field(default=None, ge=1)
+    audio_spm: int | None = Field(default=None, ge=1)
     max_concurrent: int | None = Field(default=None, ge=1)
     max_queued: int | None = Field(default=None, ge=0)
     daily_tokens: int | None = Field(default=None, ge=1)

@@ -1,14 +1,17 @@
 """Quota arithmetic: token buckets, concurrency counts and day/month budgets, pure code on a given clock.
 
 Formulas (the Redis Lua script in redis_scripts.py is a line-by-line port; keep them in step):
-- A per-minute limit L is a bucket of capacity L refilled at L/60 per second:
+- A per-minute limit L is a bucket of capacity L refilled at L/60 per second (`audio_spm` counts audio
+  seconds, the others tokens or requests):
   level(now) = min(L, level + (now - stamp) * L / 60).
 - Admission needs level >= min(amount, L) on every limit at once, then subtracts the full amount. The
   level may go negative (debt) and blocks everyone until refilled, so a request can overshoot a limit by at
   most its own reservation, however many run concurrently. A request larger than the whole limit is still
-  admitted once, when the bucket is full.
+  admitted once, when the bucket is full. `audio_spm` in debt holds back only requests that speak: a text
+  answer takes no audio seconds, and a tenant's speech must not block its text.
 - Retry-After for a bucket = (min(amount, L) - level) * 60 / L: the time until refill covers the need.
 - Reconcile adds back reserved - actual (clamped at the capacity) or charges the excess (going into debt).
+- The day/month ledger counts audio in whole milliseconds (`audio_ms`), so every store adds integers.
 - Budgets: tokens used in the UTC day / month, including open reservations; admission needs
   used + min(total, budget) <= budget; Retry-After runs to the next UTC midnight / first of the month.
 - Concurrency: requests admitted and not yet finished; Retry-After is a nominal poll interval.
@@ -23,12 +26,15 @@ from datetime import UTC, datetime
 from gateway.errors import ErrorCode
 from gateway.tenants.models import Quotas
 
-BUCKET_LIMITS = ("input_tpm", "output_tpm", "total_tpm", "rpm")
+BUCKET_LIMITS = ("input_tpm", "output_tpm", "total_tpm", "rpm", "audio_spm")
+REFUNDED_LIMITS = ("input_tpm", "output_tpm", "total_tpm", "audio_spm")  # what a reconcile corrects
+SPEAKING_ONLY = frozenset({"audio_spm"})  # in debt, it holds back only the requests that speak
 LIMIT_CODES = {
     "input_tpm": ErrorCode.INPUT_TPM_EXCEEDED,
     "output_tpm": ErrorCode.OUTPUT_TPM_EXCEEDED,
     "total_tpm": ErrorCode.TOTAL_TPM_EXCEEDED,
     "rpm": ErrorCode.RPM_EXCEEDED,
+    "audio_spm": ErrorCode.AUDIO_SPM_EXCEEDED,
     "max_concurrent": ErrorCode.CONCURRENCY_EXCEEDED,
     "daily_tokens": ErrorCode.DAILY_BUDGET_EXCEEDED,
     "monthly_tokens": ErrorCode.MONTHLY_BUDGET_EXCEEDED,
@@ -38,6 +44,7 @@ LIMIT_TEXT = {
     "output_tpm": "output tokens per minute",
     "total_tpm": "tokens per minute",
     "rpm": "requests per minute",
+    "audio_spm": "audio seconds per minute",
     "max_concurrent": "concurrent requests",
     "daily_tokens": "daily token budget",
     "monthly_tokens": "monthly token budget",
@@ -45,21 +52,28 @@ LIMIT_TEXT = {
 CONCURRENCY_RETRY_S = 1.0
 
 
+def audio_ms(seconds: float) -> int:
+    """Audio seconds as the ledger counts them: whole milliseconds."""
+    return round(seconds * 1000)
+
+
 @dataclass(frozen=True, slots=True)
 class Charge:
     input_tokens: int = 0
     output_tokens: int = 0
+    audio_ms: int = 0  # audio the answer speaks: predicted when reserved, as delivered when reconciled
 
     @property
     def total(self) -> int:
         return self.input_tokens + self.output_tokens
 
-    def bucket_amounts(self) -> dict[str, int]:
+    def bucket_amounts(self) -> dict[str, float]:
         return {
             "input_tpm": self.input_tokens,
             "output_tpm": self.output_tokens,
             "total_tpm": self.total,
             "rpm": 1,
+            "audio_spm": self.audio_ms / 1000.0,
         }
 
 
@@ -80,15 +94,17 @@ class LedgerRow:
     input_tokens: int = 0
     output_tokens: int = 0
     requests: int = 0
+    audio_ms: int = 0
 
     @property
     def total(self) -> int:
         return self.input_tokens + self.output_tokens
 
-    def add(self, input_tokens: int, output_tokens: int, requests: int) -> None:
+    def add(self, input_tokens: int, output_tokens: int, requests: int, audio_ms: int = 0) -> None:
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
         self.requests += requests
+        self.audio_ms += audio_ms
 
 
 @dataclass(slots=True)
@@ -161,7 +177,7 @@ class QuotaBook:
         for name, level in levels.items():
             limit = getattr(quotas, name)
             need = min(amounts[name], limit)
-            if level < need:
+            if level < need and (need > 0 or name not in SPEAKING_ONLY):
                 denial = Denial(name, (need - level) * 60.0 / limit)
                 worst = denial if worst is None or denial.retry_after > worst.retry_after else worst
         if quotas.max_concurrent is not None and self.active.get(tenant_id, 0) >= quotas.max_concurrent:
@@ -178,7 +194,7 @@ class QuotaBook:
         for name, level in levels.items():
             own[name] = Bucket(level - amounts[name], now)
         self.active[tenant_id] = self.active.get(tenant_id, 0) + 1
-        self.record(tenant_id, now, charge.input_tokens, charge.output_tokens, 1)
+        self.record(tenant_id, now, charge.input_tokens, charge.output_tokens, 1, charge.audio_ms)
         return None
 
     def settle(
@@ -187,7 +203,7 @@ class QuotaBook:
         """Return (or charge) the difference between the reservation and actual usage; free the slot."""
         own = self.buckets.get(tenant_id, {})
         res, act = reserved.bucket_amounts(), actual.bucket_amounts()
-        for name in ("input_tpm", "output_tpm", "total_tpm"):
+        for name in REFUNDED_LIMITS:
             limit, bucket = getattr(quotas, name), own.get(name)
             if limit is None or bucket is None:
                 continue
@@ -199,12 +215,22 @@ class QuotaBook:
             actual.input_tokens - reserved.input_tokens,
             actual.output_tokens - reserved.output_tokens,
             0,
+            actual.audio_ms - reserved.audio_ms,
         )
 
-    def record(self, tenant_id: str, ts: float, input_tokens: int, output_tokens: int, requests: int) -> None:
+    def record(
+        self,
+        tenant_id: str,
+        ts: float,
+        input_tokens: int,
+        output_tokens: int,
+        requests: int,
+        audio_ms: int = 0,
+    ) -> None:
         """Add to the ledger of the UTC day and month containing `ts`."""
         for book, period in ((self.days, day_of(ts)), (self.months, month_of(ts))):
-            book.setdefault((tenant_id, period), LedgerRow()).add(input_tokens, output_tokens, requests)
+            row = book.setdefault((tenant_id, period), LedgerRow())
+            row.add(input_tokens, output_tokens, requests, audio_ms)
 
     def forget(self, tenant_id: str) -> None:
         self.buckets.pop(tenant_id, None)

@@ -6,11 +6,10 @@ the same expectations. Times come from the caller's clock so all replicas and te
 
 Keys: 1 bucket hash (`<limit>:l` level, `<limit>:t` stamp), 2 concurrency zset (reservation id scored by
 its lease deadline, so a crashed replica's slots expire), 3 day ledger hash, 4 month ledger hash
-(fields in, out, req), 5 (settle, record) the reservation's applied mark: a script that finds it set
-does nothing, so a retried reconcile or a replayed fail-open charge is applied once. A reserve finds its
-own id in the concurrency set when it is a retry (a reply lost to a broken connection) and takes nothing
-again. Every script may therefore be retried. A limit of -1 means
-"not set".
+(fields in, out, req, aud: audio milliseconds), 5 (settle, record) the reservation's applied mark: a
+script that finds it set does nothing, so a retried reconcile or a replayed fail-open charge is applied
+once. A reserve finds its own id in the concurrency set when it is a retry (a reply lost to a broken
+connection) and takes nothing again. Every script may therefore be retried. A limit of -1 means "not set".
 """
 
 from __future__ import annotations
@@ -24,32 +23,33 @@ local function level(limit, now, name)
   return math.min(limit, tonumber(raw[1]) + elapsed * limit / 60.0)
 end
 local function fmt(x) return string.format('%.17g', x) end
-local NAMES = {'input_tpm', 'output_tpm', 'total_tpm', 'rpm'}
+local NAMES = {'input_tpm', 'output_tpm', 'total_tpm', 'rpm', 'audio_spm'}
 """
 
 # ARGV: now, in, out, lim_in, lim_out, lim_total, lim_rpm, max_concurrent, daily, monthly,
-#       reservation_id, lease_until, to_next_day, to_next_month, ledger_ttl, bucket_ttl
-# -> {0, limit, wait} or {1, the four bucket levels after it ('' unset), tokens used today, this month}:
+#       reservation_id, lease_until, to_next_day, to_next_month, ledger_ttl, bucket_ttl, audio_ms, lim_audio
+# -> {0, limit, wait} or {1, the five bucket levels after it ('' unset), tokens used today, this month}:
 #    the last known state a replica's fail-open limits start from
 RESERVE = (
     _LEVEL
     + """
-if redis.call('ZSCORE', KEYS[2], ARGV[11]) then return {1, '', '', '', '', 0, 0} end  -- a retry: taken
+if redis.call('ZSCORE', KEYS[2], ARGV[11]) then return {1, '', '', '', '', '', 0, 0} end  -- a retry
 local now = tonumber(ARGV[1])
-local amt_in, amt_out = tonumber(ARGV[2]), tonumber(ARGV[3])
-local amounts = {amt_in, amt_out, amt_in + amt_out, 1}
+local amt_in, amt_out, amt_aud = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[17])
+local amounts = {amt_in, amt_out, amt_in + amt_out, 1, amt_aud / 1000.0}
+local limits = {ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[18]}
 local worst, worst_wait = nil, -1
 local function deny(name, wait)
   if wait > worst_wait then worst, worst_wait = name, wait end
 end
 local levels = {}
-for i = 1, 4 do
-  local limit = tonumber(ARGV[3 + i])
+for i = 1, 5 do
+  local limit = tonumber(limits[i])
   if limit >= 0 then
     local lvl = level(limit, now, NAMES[i]) or limit
     levels[i] = lvl
     local need = math.min(amounts[i], limit)
-    if lvl < need then deny(NAMES[i], (need - lvl) * 60.0 / limit) end
+    if lvl < need and (need > 0 or i ~= 5) then deny(NAMES[i], (need - lvl) * 60.0 / limit) end
   end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -68,8 +68,8 @@ if monthly >= 0 and used(KEYS[4]) + math.min(total, monthly) > monthly then
   deny('monthly_tokens', tonumber(ARGV[14]))
 end
 if worst then return {0, worst, fmt(worst_wait)} end
-local after = {'', '', '', ''}
-for i = 1, 4 do
+local after = {'', '', '', '', ''}
+for i = 1, 5 do
   if levels[i] then
     after[i] = fmt(levels[i] - amounts[i])
     redis.call('HSET', KEYS[1], NAMES[i] .. ':l', after[i], NAMES[i] .. ':t', ARGV[1])
@@ -82,13 +82,15 @@ for k = 3, 4 do
   redis.call('HINCRBY', KEYS[k], 'in', amt_in)
   redis.call('HINCRBY', KEYS[k], 'out', amt_out)
   redis.call('HINCRBY', KEYS[k], 'req', 1)
+  redis.call('HINCRBY', KEYS[k], 'aud', amt_aud)
   redis.call('EXPIRE', KEYS[k], ARGV[15])
 end
-return {1, after[1], after[2], after[3], after[4], used(KEYS[3]), used(KEYS[4])}
+return {1, after[1], after[2], after[3], after[4], after[5], used(KEYS[3]), used(KEYS[4])}
 """
 )
 
-# ARGV: now, res_in, res_out, act_in, act_out, lim_in, lim_out, lim_total, reservation_id, mark_ttl
+# ARGV: now, res_in, res_out, act_in, act_out, lim_in, lim_out, lim_total, reservation_id, mark_ttl,
+#       res_audio_ms, act_audio_ms, lim_audio
 SETTLE = (
     _LEVEL
     + """
@@ -96,9 +98,12 @@ if not redis.call('SET', KEYS[5], '1', 'NX', 'EX', ARGV[10]) then return 0 end
 local now = tonumber(ARGV[1])
 local res_in, res_out = tonumber(ARGV[2]), tonumber(ARGV[3])
 local act_in, act_out = tonumber(ARGV[4]), tonumber(ARGV[5])
-local refunds = {res_in - act_in, res_out - act_out, res_in + res_out - act_in - act_out}
-for i = 1, 3 do
-  local limit = tonumber(ARGV[5 + i])
+local res_aud, act_aud = tonumber(ARGV[11]), tonumber(ARGV[12])
+local refunds = {res_in - act_in, res_out - act_out, res_in + res_out - act_in - act_out, 0,
+                 (res_aud - act_aud) / 1000.0}
+local limits = {ARGV[6], ARGV[7], ARGV[8], '-1', ARGV[13]}
+for i = 1, 5 do
+  local limit = tonumber(limits[i])
   if limit >= 0 then
     local lvl = level(limit, now, NAMES[i])
     if lvl then
@@ -111,35 +116,38 @@ redis.call('ZREM', KEYS[2], ARGV[9])
 for k = 3, 4 do
   redis.call('HINCRBY', KEYS[k], 'in', act_in - res_in)
   redis.call('HINCRBY', KEYS[k], 'out', act_out - res_out)
+  redis.call('HINCRBY', KEYS[k], 'aud', act_aud - res_aud)
 end
 return 1
 """
 )
 
-# KEYS: day ledger, month ledger, applied mark. ARGV: in, out, ledger_ttl, mark_ttl
+# KEYS: day ledger, month ledger, applied mark. ARGV: in, out, ledger_ttl, mark_ttl, audio_ms
 RECORD = """
 if not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[4]) then return 0 end
 for k = 1, 2 do
   redis.call('HINCRBY', KEYS[k], 'in', ARGV[1])
   redis.call('HINCRBY', KEYS[k], 'out', ARGV[2])
   redis.call('HINCRBY', KEYS[k], 'req', 1)
+  redis.call('HINCRBY', KEYS[k], 'aud', ARGV[5])
   redis.call('EXPIRE', KEYS[k], ARGV[3])
 end
 return 1
 """
 
-# ARGV: now, lim_in, lim_out, lim_total, lim_rpm -> levels as strings ('' for unset limits), active count
+# ARGV: now, lim_in, lim_out, lim_total, lim_rpm, lim_audio -> levels as strings ('' for unset limits),
+# active count
 LEVELS = (
     _LEVEL
     + """
 local now = tonumber(ARGV[1])
 local out = {}
-for i = 1, 4 do
+for i = 1, 5 do
   local limit = tonumber(ARGV[1 + i])
   if limit >= 0 then out[i] = fmt(level(limit, now, NAMES[i]) or limit) else out[i] = '' end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-out[5] = redis.call('ZCARD', KEYS[2])
+out[6] = redis.call('ZCARD', KEYS[2])
 return out
 """
 )

@@ -347,7 +347,7 @@ class RedisStore(Store):
             repr(now),
             charge.input_tokens,
             charge.output_tokens,
-            *(_limit(getattr(quotas, name)) for name in BUCKET_LIMITS),
+            *(_limit(getattr(quotas, name)) for name in BUCKET_LIMITS[:4]),
             _limit(quotas.max_concurrent),
             _limit(quotas.daily_tokens),
             _limit(quotas.monthly_tokens),
@@ -357,13 +357,15 @@ class RedisStore(Store):
             repr(seconds_to_next_month(now)),
             LEDGER_TTL_S,
             BUCKET_TTL_S,
+            charge.audio_ms,
+            _limit(quotas.audio_spm),
         ]
         result = await self._call(lambda: self._reserve(keys=self._quota_keys(tenant_id, now), args=args))
         if int(result[0]) == 1:
             self._leases[reservation_id] = tenant_id
-            levels = {n: float(v) for n, v in zip(BUCKET_LIMITS, result[1:5], strict=True) if v}
-            if levels or int(result[5]):  # a retry's answer carries no state
-                self._known[tenant_id] = Known(levels, int(result[5]), int(result[6]), now)
+            levels = {n: float(v) for n, v in zip(BUCKET_LIMITS, result[1:6], strict=True) if v}
+            if levels or int(result[6]):  # a retry's answer carries no state
+                self._known[tenant_id] = Known(levels, int(result[6]), int(result[7]), now)
             return None
         return Denial(result[1].decode(), float(result[2]))
 
@@ -412,6 +414,9 @@ class RedisStore(Store):
             *(_limit(getattr(quotas, name)) for name in BUCKET_LIMITS[:3]),
             reservation_id,
             REPLAY_MARK_TTL_S if replay else FIRST_MARK_TTL_S,
+            reserved.audio_ms,
+            actual.audio_ms,
+            _limit(quotas.audio_spm),
         ]
         self._leases.pop(reservation_id, None)
         keys = [*self._quota_keys(tenant_id, reserved_at), self._mark_key(tenant_id, reservation_id)]
@@ -419,7 +424,7 @@ class RedisStore(Store):
 
     async def record_usage(self, tenant_id: str, reservation_id: str, ts: float, usage: Charge) -> None:
         keys = [*self._quota_keys(tenant_id, ts)[2:], self._mark_key(tenant_id, reservation_id)]
-        args = [usage.input_tokens, usage.output_tokens, LEDGER_TTL_S, REPLAY_MARK_TTL_S]
+        args = [usage.input_tokens, usage.output_tokens, LEDGER_TTL_S, REPLAY_MARK_TTL_S, usage.audio_ms]
         await self._call(lambda: self._record(keys=keys, args=args))
 
     async def _levels_and_active(self, tenant_id: str, quotas: Quotas, now: float) -> list[Any]:
@@ -433,10 +438,10 @@ class RedisStore(Store):
 
     async def levels(self, tenant_id: str, quotas: Quotas, now: float) -> dict[str, float]:
         raw = await self._levels_and_active(tenant_id, quotas, now)
-        return {name: float(v) for name, v in zip(BUCKET_LIMITS, raw[:4], strict=True) if v}
+        return {name: float(v) for name, v in zip(BUCKET_LIMITS, raw[:5], strict=True) if v}
 
     async def active_count(self, tenant_id: str, now: float) -> int:
-        return int((await self._levels_and_active(tenant_id, Quotas(), now))[4])
+        return int((await self._levels_and_active(tenant_id, Quotas(), now))[5])
 
     async def ledger(
         self, tenant_id: str, days: list[str], month: str
@@ -446,8 +451,8 @@ class RedisStore(Store):
         async def load() -> list[Any]:
             pipe = self.redis.pipeline(transaction=False)
             for day in days:
-                pipe.hmget(base + "day:" + day, "in", "out", "req")
-            pipe.hmget(base + "month:" + month, "in", "out", "req")
+                pipe.hmget(base + "day:" + day, "in", "out", "req", "aud")
+            pipe.hmget(base + "month:" + month, "in", "out", "req", "aud")
             return list(await pipe.execute())
 
         raw = await self._call(load)

@@ -38,7 +38,7 @@ from gateway.tenants.models import (
     new_key,
 )
 from gateway.tenants.outbox import Entry, Outbox
-from gateway.tenants.quota import BUCKET_LIMITS, LIMIT_TEXT, Charge, Denial, QuotaBook
+from gateway.tenants.quota import BUCKET_LIMITS, LIMIT_TEXT, Charge, Denial, QuotaBook, audio_ms
 from gateway.tenants.settings import TenantDefaults
 from gateway.tenants.store import Health, Store, StoreState, StoreUnavailable
 from gateway.tenants.usage import usage_report
@@ -316,11 +316,18 @@ class TenantService:
         return cls
 
     async def reserve(
-        self, tenant: Tenant, tokens_in: int, tokens_out_expected: int, now: float | None = None
+        self,
+        tenant: Tenant,
+        tokens_in: int,
+        tokens_out_expected: int,
+        now: float | None = None,
+        audio_seconds: float = 0.0,
     ) -> Reservation:
-        """Take the estimated cost from every limit at once, or raise QuotaExceeded (429)."""
+        """Take the estimated cost (tokens, and the audio seconds an answer is expected to speak) from
+        every limit at once, or raise QuotaExceeded (429)."""
         now = self.clock() if now is None else now
-        res = Reservation(uuid.uuid4().hex, tenant, Charge(tokens_in, tokens_out_expected), now)
+        charge = Charge(tokens_in, tokens_out_expected, audio_ms(audio_seconds))
+        res = Reservation(uuid.uuid4().hex, tenant, charge, now)
         try:
             denial = await self.store.reserve(tenant.id, tenant.quotas, res.charge, now, res.id)
         except StoreUnavailable:
@@ -350,18 +357,24 @@ class TenantService:
             return self.local.levels(tenant.id, self._local(tenant), now)
 
     async def reconcile(
-        self, reservation: Reservation, actual_in: int, actual_out: int, now: float | None = None
+        self,
+        reservation: Reservation,
+        actual_in: int,
+        actual_out: int,
+        now: float | None = None,
+        audio_seconds: float = 0.0,
     ) -> None:
-        """Charge actual usage, return the rest, free the slot. Never raises: what the store cannot take
-        now goes to the outbox (retried by `run_outbox`); usage admitted under local limits (fail-open)
-        is settled locally and queued there for the store's ledger.
+        """Charge actual usage (tokens and the audio seconds delivered), return the rest, free the slot.
+        Never raises: what the store cannot take now goes to the outbox (retried by `run_outbox`); usage
+        admitted under local limits (fail-open) is settled locally and queued there for the store's
+        ledger.
 
         Idempotent. `reconcile(r, 0, 0)` releases a reservation whose request never ran."""
         if reservation.settled:
             return
         reservation.settled = True
         now = self.clock() if now is None else now
-        tenant, actual = reservation.tenant, Charge(actual_in, actual_out)
+        tenant, actual = reservation.tenant, Charge(actual_in, actual_out, audio_ms(audio_seconds))
         entry = Entry(
             "usage" if reservation.local else "settle",
             reservation.id,

@@ -46,15 +46,22 @@ CREATE TABLE IF NOT EXISTS applied (reservation_id TEXT PRIMARY KEY, at REAL NOT
 CREATE TABLE IF NOT EXISTS ledger (
     tenant_id TEXT NOT NULL, day TEXT NOT NULL,
     input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0,
-    requests INTEGER NOT NULL DEFAULT 0,
+    requests INTEGER NOT NULL DEFAULT 0, audio_ms INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant_id, day)
 ) WITHOUT ROWID;
 """
+# a ledger written before audio was counted gains the column (its rows count no audio)
+AUDIO_COLUMN = "ALTER TABLE ledger ADD COLUMN audio_ms INTEGER NOT NULL DEFAULT 0"
 LEDGER_UPSERT = """
-INSERT INTO ledger (tenant_id, day, input_tokens, output_tokens, requests) VALUES (?, ?, ?, ?, ?)
+INSERT INTO ledger (tenant_id, day, input_tokens, output_tokens, requests, audio_ms) VALUES (?, ?, ?, ?, ?, ?)
 ON CONFLICT (tenant_id, day) DO UPDATE SET input_tokens = input_tokens + excluded.input_tokens,
-    output_tokens = output_tokens + excluded.output_tokens, requests = requests + excluded.requests
+    output_tokens = output_tokens + excluded.output_tokens, requests = requests + excluded.requests,
+    audio_ms = audio_ms + excluded.audio_ms
 """
+LEDGER_SUMS = (
+    "COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0), COALESCE(SUM(requests), 0),"
+    " COALESCE(SUM(audio_ms), 0)"
+)
 
 
 class SQLiteStore(MemoryStore):
@@ -75,6 +82,8 @@ class SQLiteStore(MemoryStore):
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.executescript(SCHEMA)
+        if "audio_ms" not in {row[1] for row in conn.execute("PRAGMA table_info(ledger)")}:
+            conn.execute(AUDIO_COLUMN)
         conn.execute("DELETE FROM applied WHERE at < ?", (time.time() - APPLIED_KEPT_S,))
         self._conn = conn
         for (spec,) in conn.execute("SELECT spec FROM tenants"):
@@ -192,17 +201,17 @@ class SQLiteStore(MemoryStore):
         if (tenant_id, day) in self._loaded and (tenant_id, month) in self._loaded:
             return
 
-        def read(conn: sqlite3.Connection) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        def read(conn: sqlite3.Connection) -> tuple[tuple[int, ...], tuple[int, ...]]:
             row = conn.execute(
-                "SELECT input_tokens, output_tokens, requests FROM ledger WHERE tenant_id = ? AND day = ?",
+                "SELECT input_tokens, output_tokens, requests, audio_ms FROM ledger"
+                " WHERE tenant_id = ? AND day = ?",
                 (tenant_id, day),
             ).fetchone()
             total = conn.execute(
-                "SELECT COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0),"
-                " COALESCE(SUM(requests), 0) FROM ledger WHERE tenant_id = ? AND day LIKE ?",
+                f"SELECT {LEDGER_SUMS} FROM ledger WHERE tenant_id = ? AND day LIKE ?",
                 (tenant_id, month + "-%"),
             ).fetchone()
-            return row or (0, 0, 0), total
+            return row or (0, 0, 0, 0), total
 
         day_row, month_row = await self._run(read)
         # Another task may have loaded (and already changed) the rows while we read: its copy wins.
@@ -217,7 +226,7 @@ class SQLiteStore(MemoryStore):
         await self._load_periods(tenant_id, now)
         denial = self.book.try_reserve(tenant_id, quotas, charge, now)
         if denial is None:
-            row = (tenant_id, day_of(now), charge.input_tokens, charge.output_tokens, 1)
+            row = (tenant_id, day_of(now), charge.input_tokens, charge.output_tokens, 1, charge.audio_ms)
             try:
                 await self._write([(LEDGER_UPSERT, row)], False)
             except BaseException:
@@ -242,11 +251,12 @@ class SQLiteStore(MemoryStore):
             self.book.settle(tenant_id, quotas, reserved, actual, reserved_at, now)
         delta_in = actual.input_tokens - reserved.input_tokens
         delta_out = actual.output_tokens - reserved.output_tokens
-        if not (delta_in or delta_out):
+        delta_audio = actual.audio_ms - reserved.audio_ms
+        if not (delta_in or delta_out or delta_audio):
             self._owed.discard(reservation_id)
             return
         self._owed.add(reservation_id)
-        row = (tenant_id, day_of(reserved_at), delta_in, delta_out, 0)
+        row = (tenant_id, day_of(reserved_at), delta_in, delta_out, 0, delta_audio)
         await self._transaction(
             [(LEDGER_UPSERT, row)], False, (reservation_id, time.time()) if replay else None
         )
@@ -254,9 +264,9 @@ class SQLiteStore(MemoryStore):
 
     async def record_usage(self, tenant_id: str, reservation_id: str, ts: float, usage: Charge) -> None:
         await self._load_periods(tenant_id, ts)
-        row = (tenant_id, day_of(ts), usage.input_tokens, usage.output_tokens, 1)
+        row = (tenant_id, day_of(ts), usage.input_tokens, usage.output_tokens, 1, usage.audio_ms)
         if await self._transaction([(LEDGER_UPSERT, row)], False, (reservation_id, time.time())):
-            self.book.record(tenant_id, ts, usage.input_tokens, usage.output_tokens, 1)
+            self.book.record(tenant_id, ts, usage.input_tokens, usage.output_tokens, 1, usage.audio_ms)
 
     async def ledger(
         self, tenant_id: str, days: list[str], month: str
@@ -264,15 +274,14 @@ class SQLiteStore(MemoryStore):
         def read(conn: sqlite3.Connection) -> tuple[dict[str, LedgerRow], LedgerRow]:
             marks = ",".join("?" * len(days))
             rows = conn.execute(
-                "SELECT day, input_tokens, output_tokens, requests FROM ledger"
+                "SELECT day, input_tokens, output_tokens, requests, audio_ms FROM ledger"
                 f" WHERE tenant_id = ? AND day IN ({marks})",
                 (tenant_id, *days),
             ).fetchall()
             total = conn.execute(
-                "SELECT COALESCE(SUM(input_tokens), 0), COALESCE(SUM(output_tokens), 0),"
-                " COALESCE(SUM(requests), 0) FROM ledger WHERE tenant_id = ? AND day LIKE ?",
+                f"SELECT {LEDGER_SUMS} FROM ledger WHERE tenant_id = ? AND day LIKE ?",
                 (tenant_id, month + "-%"),
             ).fetchone()
-            return {d: LedgerRow(i, o, r) for d, i, o, r in rows}, LedgerRow(*total)
+            return {d: LedgerRow(*values) for d, *values in rows}, LedgerRow(*total)
 
         return await self._run(read)

@@ -11,12 +11,13 @@ from gateway.tenants.store import Store
 MAX_HISTORY_DAYS = 400
 
 
-def _row(row: LedgerRow) -> dict[str, int]:
+def _row(row: LedgerRow) -> dict[str, int | float]:
     return {
         "input_tokens": row.input_tokens,
         "output_tokens": row.output_tokens,
         "total_tokens": row.total,
         "requests": row.requests,
+        "audio_seconds": row.audio_ms / 1000,
     }
 
 

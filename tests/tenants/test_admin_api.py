@@ -43,12 +43,17 @@ def test_tenant_lifecycle_over_http(client: httpx.Client) -> None:
         100,
         60000,
     )
-    q = client.patch("/admin/tenants/acme/quotas", json={"total_tpm": None, "daily_tokens": 5}, headers=ADMIN)
+    q = client.patch(
+        "/admin/tenants/acme/quotas",
+        json={"total_tpm": None, "daily_tokens": 5, "audio_spm": 90},
+        headers=ADMIN,
+    )
     assert q.json() | {} == {
         "input_tpm": None,
         "output_tpm": None,
         "total_tpm": None,
         "rpm": 100,
+        "audio_spm": 90,
         "max_concurrent": None,
         "max_queued": None,
         "daily_tokens": 5,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from gateway.tenants.models import TenantCreate, TenantPatch
 from gateway.tenants.quota import day_of
 from gateway.tenants.service import TenantService
 from gateway.tenants.sqlite_store import SQLiteStore
+from tests.tenants.conftest import T0
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,3 +87,23 @@ async def test_plaintext_keys_never_reach_logs_or_metrics(
     secret = key[len(record.prefix) :]
     assert secret not in caplog.text and record.key_hash not in caplog.text
     assert secret not in generate_latest(REGISTRY).decode()
+
+
+async def test_a_ledger_written_before_audio_was_counted_gains_the_column(tmp_path: Path) -> None:
+    db = tmp_path / "tenants.sqlite3"
+    old = sqlite3.connect(db)
+    old.executescript(
+        "CREATE TABLE ledger (tenant_id TEXT NOT NULL, day TEXT NOT NULL,"
+        " input_tokens INTEGER NOT NULL DEFAULT 0, output_tokens INTEGER NOT NULL DEFAULT 0,"
+        " requests INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (tenant_id, day)) WITHOUT ROWID;"
+        "INSERT INTO ledger VALUES ('acme', '2025-03-10', 100, 50, 1);"
+    )
+    old.close()
+    service = TenantService(SQLiteStore(db), clock=lambda: T0)
+    await service.start()
+    await service.create_tenant(TenantCreate(id="acme"))
+    tenant = service.resolve(await service.get_tenant("acme"))
+    await service.reconcile(await service.reserve(tenant, 10, 5, audio_seconds=2.0), 10, 5, audio_seconds=2.5)
+    today = (await service.usage("acme", days=1))["today"]
+    await service.close()
+    assert (today["input_tokens"], today["requests"], today["audio_seconds"]) == (110, 2, 2.5)

@@ -29,26 +29,26 @@ async def _service(tmp_path: Path, clock: FakeClock) -> TenantService:
     return service
 
 
-async def _today(service: TenantService) -> tuple[int, int, int]:
+async def _today(service: TenantService) -> tuple[int, int, int, float]:
     report = (await service.usage("acme", days=1))["today"]
-    return report["input_tokens"], report["output_tokens"], report["requests"]
+    return report["input_tokens"], report["output_tokens"], report["requests"], report["audio_seconds"]
 
 
 async def test_a_locked_sqlite_file_loses_no_charge(tmp_path: Path, clock: FakeClock) -> None:
     service = await _service(tmp_path, clock)
     await service.create_tenant(TenantCreate.model_validate({"id": "acme", "quotas": {"total_tpm": 10_000}}))
     tenant = service.resolve(await service.get_tenant("acme"))
-    res = await service.reserve(tenant, 100, 50)
+    res = await service.reserve(tenant, 100, 50, audio_seconds=4.0)
     other = sqlite3.connect(tmp_path / "tenants.sqlite3", isolation_level=None)
     other.execute("BEGIN EXCLUSIVE")  # another process holds the file
-    await service.reconcile(res, 120, 10)  # waits out the busy timeout, then keeps the charge
+    await service.reconcile(res, 120, 10, audio_seconds=6.5)  # waits out the busy timeout, keeps the charge
     assert list(service.outbox.pending) == [res.id]
-    assert await _today(service) == (100, 50, 1)  # the ledger still holds the estimate
+    assert await _today(service) == (100, 50, 1, 4.0)  # the ledger still holds the estimate
     assert await service.replay_outbox() == 0  # still locked: nothing applied, nothing dropped
     other.execute("COMMIT")
     assert await service.replay_outbox() == 1
     assert not service.outbox.pending
-    assert await _today(service) == (120, 10, 1)
+    assert await _today(service) == (120, 10, 1, 6.5)
     assert (await service.usage("acme"))["concurrent"]["active"] == 0  # the slot was freed at once
     other.close()
     await service.close()
@@ -61,7 +61,7 @@ async def test_a_replay_is_applied_once_across_restarts(tmp_path: Path, clock: F
     await service.create_tenant(TenantCreate.model_validate({"id": "acme"}))
     tenant = service.resolve(await service.get_tenant("acme"))
     res = await service.reserve(tenant, 100, 50)
-    entry = Entry("settle", res.id, "acme", Quotas(), res.charge, Charge(90, 20), clock(), clock())
+    entry = Entry("settle", res.id, "acme", Quotas(), res.charge, Charge(90, 20, 1250), clock(), clock())
     await service.outbox.put(entry)  # as a failed reconcile leaves it
     res.settled = True
     await service.close()
@@ -69,13 +69,13 @@ async def test_a_replay_is_applied_once_across_restarts(tmp_path: Path, clock: F
     service = await _service(tmp_path, clock)  # a new process: the entry is read back from the file
     assert list(service.outbox.pending) == [res.id]
     assert await service.replay_outbox() == 1
-    assert await _today(service) == (90, 20, 1)
+    assert await _today(service) == (90, 20, 1, 1.25)
     await service.outbox.put(entry)  # applied, but the process died before the outbox row went
     await service.close()
 
     service = await _service(tmp_path, clock)
     assert await service.replay_outbox() == 1  # crossed off ...
-    assert await _today(service) == (90, 20, 1)  # ... without charging it twice
+    assert await _today(service) == (90, 20, 1, 1.25)  # ... without charging it twice
     await service.close()
 
 

@@ -18,9 +18,9 @@ from tests.support.processes import ManagedProcess
 pytestmark = pytest.mark.e2e
 
 
-async def _today(service: TenantService) -> tuple[int, int, int]:
+async def _today(service: TenantService) -> tuple[int, int, int, float]:
     report = (await service.usage("acme", days=1))["today"]
-    return report["input_tokens"], report["output_tokens"], report["requests"]
+    return report["input_tokens"], report["output_tokens"], report["requests"], report["audio_seconds"]
 
 
 async def test_a_redis_that_refuses_or_leaves_loses_no_charge(
@@ -36,20 +36,20 @@ async def test_a_redis_that_refuses_or_leaves_loses_no_charge(
         tenant = service.resolve(await service.get_tenant("acme"))
 
         # 1. Redis answers, but refuses writes (a ResponseError, not an outage)
-        refused = await service.reserve(tenant, 100, 50)
+        refused = await service.reserve(tenant, 100, 50, audio_seconds=2.0)
         admin.config_set("maxmemory", "1")
         admin.config_set("maxmemory-policy", "noeviction")
-        await service.reconcile(refused, 80, 10)
+        await service.reconcile(refused, 80, 10, audio_seconds=1.5)
         assert list(service.outbox.pending) == [refused.id]
         admin.config_set("maxmemory", "0")
 
         # 2. Redis gone: one reservation made before settles during the outage; one is admitted locally
-        before = await service.reserve(tenant, 100, 50)
+        before = await service.reserve(tenant, 100, 50, audio_seconds=3.0)
         private_redis.stop()
-        await service.reconcile(before, 60, 5)
-        local = await service.reserve(tenant, 40, 20)
+        await service.reconcile(before, 60, 5, audio_seconds=2.25)
+        local = await service.reserve(tenant, 40, 20, audio_seconds=1.0)
         assert local.local
-        await service.reconcile(local, 30, 7)
+        await service.reconcile(local, 30, 7, audio_seconds=0.75)
         assert len(service.outbox.pending) == 3
         assert await service.replay_outbox() == 0  # still down: kept
 
@@ -57,15 +57,15 @@ async def test_a_redis_that_refuses_or_leaves_loses_no_charge(
         owed = list(outbox.pending.values())
         assert await service.replay_outbox() == 3
         assert not service.outbox.pending
-        assert await _today(service) == (80 + 60 + 30, 10 + 5 + 7, 3)
+        assert await _today(service) == (80 + 60 + 30, 10 + 5 + 7, 3, 1.5 + 2.25 + 0.75)
         assert (await service.usage("acme"))["concurrent"]["active"] == 0
 
         # a replay repeated (a process that died before crossing them off) charges nothing twice
         for entry in owed:
             await outbox.put(entry)
         assert await service.replay_outbox() == 3
-        await service.reconcile(refused, 80, 10)  # and a reservation is reconciled once
-        assert await _today(service) == (80 + 60 + 30, 10 + 5 + 7, 3)
+        await service.reconcile(refused, 80, 10, audio_seconds=1.5)  # and a reservation is reconciled once
+        assert await _today(service) == (80 + 60 + 30, 10 + 5 + 7, 3, 1.5 + 2.25 + 0.75)
     finally:
         admin.close()
         await service.close()

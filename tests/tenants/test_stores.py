@@ -100,10 +100,41 @@ async def test_refill_retry_after_and_reconcile_are_exact(service: TenantService
         "output_tokens": 1000,
         "total_tokens": 1500,
         "requests": 2,
+        "audio_seconds": 0.0,
         "limit": None,
         "remaining": None,
         "resets_in_s": 0,
     }
+
+
+async def test_audio_seconds_are_reserved_as_predicted_and_reconciled_as_delivered(
+    service: TenantService, clock: FakeClock
+) -> None:
+    key = await make_tenant(service, quotas={"audio_spm": 60})
+    tenant = await service.authenticate(f"Bearer {key}")
+    spoken = await service.reserve(tenant, 10, 20, audio_seconds=40.0)
+    with pytest.raises(QuotaExceeded) as info:
+        await service.reserve(tenant, 10, 20, audio_seconds=30.0)  # 30 s wanted, 20 s left: 10 s of refill
+    err = info.value
+    assert (err.status, err.code, err.limit) == (429, "audio_seconds_per_minute_exceeded", "audio_spm")
+    assert err.retry_after == pytest.approx(10.0)
+    await service.reconcile(spoken, 10, 20, audio_seconds=25.5)  # spoke less than predicted: 14.5 s back
+    assert (await service.usage("acme"))["per_minute"] == {
+        "audio_spm": {"limit": 60, "remaining": 34.5, "used": 25.5}
+    }
+    longer = await service.reserve(tenant, 10, 20, audio_seconds=30.0)
+    await service.reconcile(longer, 10, 20, audio_seconds=50.25)  # spoke longer: 20.25 s of debt
+    usage = await service.usage("acme")
+    assert usage["per_minute"]["audio_spm"]["remaining"] == pytest.approx(-15.75)
+    text = await service.reserve(tenant, 10, 20)  # a text answer is not held back by the speech debt
+    with pytest.raises(QuotaExceeded):
+        await service.reserve(tenant, 10, 20, audio_seconds=0.5)
+    await service.reconcile(text, 10, 20)
+    clock.advance(16.25)  # the debt refilled, and 0.5 s more
+    await service.reserve(tenant, 10, 20, audio_seconds=0.5)
+    usage = await service.usage("acme")
+    assert (usage["today"]["audio_seconds"], usage["month"]["audio_seconds"]) == (76.25, 76.25)
+    assert usage["today"]["requests"] == 4
 
 
 async def test_concurrency_limit_and_release(service: TenantService) -> None:
