@@ -37,10 +37,11 @@ class Load:
     seed: int = 1
 
 
-def http_request(port: int, path: str, body: bytes) -> bytes:
+def http_request(port: int, path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items()).encode()
     return (
-        b"POST %s HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n\r\n%s" % (path.encode(), port, len(body), body)
+        b"POST %s HTTP/1.1\r\nhost: 127.0.0.1:%d\r\ncontent-type: application/json\r\n%s"
+        b"content-length: %d\r\n\r\n%s" % (path.encode(), port, extra, len(body), body)
     )
 
 

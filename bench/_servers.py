@@ -350,12 +350,18 @@ def start_omnigate(
     policy: str = PASS_THROUGH_POLICY,
     src: Path | None = None,
     limits: dict[str, Any] | None = None,
+    tenant_key: str | None = None,
+    redis_url: str | None = None,
+    workers: int = 1,
 ) -> int:
     """Generate a one-pool config + policy in the work dir and run `omnigate serve` on it.
 
     Without the access log the process also runs at log level warning, so nothing is logged per request.
     `src`: run the `gateway` package of that source tree instead (e.g. an older commit, for before/after).
     `limits`: the config's `limits` section (edge limits, body size); the defaults when None.
+    `tenant_key`: require API keys and create one tenant with this key (None: auth off).
+    `redis_url`: the Redis store (tenants, quotas, the engines' budgets shared); None: the memory store.
+    `workers`: `serve --workers N` (N > 1 needs `redis_url`).
     """
     port = free_port()
     policy_path = procs.workdir / f"{name}-policy.yaml"
@@ -365,10 +371,15 @@ def start_omnigate(
         "policy_path": str(policy_path),
         "watch_policy": False,
         "admin": {"token": "bench-admin-token"},
-        "auth": {"required": False},
-        "store": {"kind": "memory"},
+        "auth": {"required": tenant_key is not None},
+        "store": {"kind": "memory"}
+        if redis_url is None
+        else {"kind": "redis", "redis_url": redis_url, "redis_prefix": f"{name}:"},
+        "tenants": [] if tenant_key is None else [{"id": "bench-tenant", "keys": [tenant_key]}],
         "access_log": access_log,
-        "pools": [{"name": "bench", "models": [MODEL], "backends": [f"http://127.0.0.1:{backend_port}"]}],
+        "pools": [
+            {"name": "interactive", "models": [MODEL], "backends": [f"http://127.0.0.1:{backend_port}"]}
+        ],
         "limits": limits or {},
     }
     path = procs.workdir / f"{name}.yaml"
@@ -377,8 +388,99 @@ def start_omnigate(
     argv = [str(exe)] if exe.exists() and src is None else [sys.executable, "-m", "gateway.cli"]
     env = {"PYTHONPATH": str(src.resolve())} if src is not None else None
     level = "info" if access_log else "warning"
-    procs.start(name, [*argv, "serve", "--config", str(path), "--log-level", level], env=env)
+    serve = [*argv, "serve", "--config", str(path), "--log-level", level, "--workers", str(workers)]
+    procs.start(name, serve, env=env)
     wait_http(port, "/readyz", 60, procs, name)
+    if workers > 1:
+        wait_replicas(port, workers, 60, procs, name)
+    return port
+
+
+def wait_replicas(port: int, workers: int, timeout: float, alive: Procs, name: str) -> None:
+    """Until /admin/state shows `workers` live replicas on the shared budget: every worker is serving."""
+    request = (
+        b"GET /admin/state HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer bench-admin-token\r\n"
+        b"Connection: close\r\n\r\n"
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive.check_alive(name)
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(request)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+            if b'"live_replicas":%d' % workers in answer.replace(b" ", b""):
+                return
+        time.sleep(0.2)
+    raise RuntimeError(
+        f"{name}: {workers} workers not all live within {timeout:g} s:\n{alive.log_tail(name)}"
+    )
+
+
+def start_redis(procs: Procs) -> str | None:
+    """A private redis-server on a free loopback port (no persistence); None when it is not installed."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        return None
+    port = free_port()
+    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    procs.start("redis", [*argv, "--dir", str(procs.workdir)])
+    deadline = time.monotonic() + 20
+    while True:
+        procs.check_alive("redis")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            if s.recv(16).startswith(b"+PONG"):
+                return f"redis://127.0.0.1:{port}/0"
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"redis-server did not answer PING:\n{procs.log_tail('redis')}")
+        time.sleep(0.1)
+
+
+LITELLM_CONF = """\
+model_list:
+  - model_name: {model}
+    litellm_params:
+      model: openai/{model}
+      api_base: http://127.0.0.1:{backend}/v1
+      api_key: bench-unused
+litellm_settings:
+  telemetry: false
+  drop_params: true
+general_settings:
+  master_key: {key}
+"""
+LITELLM_KEY = "sk-bench-" + "7f3a9c2e5b8d1f64" * 4
+"""The proxy's master key (it refuses to start without one); like omnigate's rows, every request has a key."""
+
+# LiteLLM reads its model price map from the network at import unless told to use the bundled copy.
+LITELLM_ENV = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "LITELLM_TELEMETRY": "False",
+    "HF_HUB_OFFLINE": "1",
+    "NO_PROXY": "127.0.0.1,localhost",
+}
+
+
+def litellm_exe(given: str | None) -> str | None:
+    """The `litellm` proxy CLI: `given`, else beside this interpreter (`pip install -e '.[litellm]'`),
+    else on PATH; None when none is found."""
+    if given:
+        return given
+    beside = Path(sys.executable).parent / "litellm"
+    return str(beside) if beside.exists() else shutil.which("litellm")
+
+
+def start_litellm(procs: Procs, backend_port: int, exe: str) -> int:
+    """LiteLLM's proxy (one worker, no database, `LITELLM_KEY` as its master key) routing `bench-model` to
+    the backend as an OpenAI-compatible server."""
+    port = free_port()
+    conf = procs.workdir / "litellm.yaml"
+    conf.write_text(LITELLM_CONF.format(model=MODEL, backend=backend_port, key=LITELLM_KEY))
+    argv = [exe, "--config", str(conf), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
+    procs.start("litellm", argv, env=LITELLM_ENV)
+    wait_http(port, "/health/liveliness", 120, procs, "litellm")
     return port
 
 

@@ -1,19 +1,28 @@
-"""What does omnigate add on top of a backend, next to nginx doing the same proxying?
+"""What does omnigate add on top of a backend, next to nginx and LiteLLM doing the same proxying?
 
-One run starts a zero-latency SGLang-like backend, omnigate (access log off, and once more with it on) and
-nginx (one worker, no buffering, keep-alive upstream), each in its own process on loopback, plus a load
-generator in another. For non-streaming ("whole") and streaming (100 chunks) chat completions it measures,
-per target:
+One run starts a zero-latency SGLang-like backend, nginx (one worker, no buffering, keep-alive upstream),
+LiteLLM's proxy (one worker, if installed) and omnigate several ways, each in its own process on loopback,
+plus a load generator in another:
 
+  omnigate          a policy whose admission stages never hold a request (no batching window, a fixed
+                    concurrency limit above the load), no auth: the proxy, not the scheduler
+  omnigate+log      the same with the access log on
+  default           policies/default.yaml and a tenant API key on every request (auth, quotas, pricing,
+                    the adaptive limit), memory store: what one production process costs
+  default·redis     the same on a Redis store (a private redis-server), one worker
+  default·redis×2   `serve --workers 2` on that store: two replicas on one port sharing the budgets
+
+For non-streaming ("whole") and streaming (100 chunks) chat completions it measures, per target:
+
+  one conn    closed loop, one connection                  → added p50 with no queueing at all
   fixed rate  open loop, Poisson arrivals at --rate req/s   → latency, added p50/p99 vs direct
   max         closed loop, --concurrency connections        → requests/s
 
-and prints a markdown table, the omnigate/nginx ratios and each proxy's CPU time per request (the number a
-busy machine disturbs least). Streaming clients do not ask for usage, so omnigate also does its
-usage-stripping work. omnigate runs with a policy whose admission stages never hold a request (no batching
-window, a fixed concurrency limit above the load): what is measured is the proxy, not the scheduler.
+and prints a markdown table, the ratios against nginx, LiteLLM and one worker, and each proxy's CPU time
+per request (the number a busy machine disturbs least; the Redis rows include redis-server's). Streaming
+clients do not ask for usage, so omnigate also does its usage-stripping work.
 
-    .venv/bin/python bench/overhead.py [--duration 5] [--warmup 1] [--rate 200] [--concurrency 16]
+    .venv/bin/python bench/overhead.py [--duration 5] [--warmup 1] [--rate 200] [--concurrency 32]
 """
 
 from __future__ import annotations
@@ -34,22 +43,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _load import Load, LoadClient, http_request
 from _servers import (
+    LITELLM_KEY,
     MODEL,
     PASS_THROUGH_POLICY,
+    ROOT,
     STREAM_BODY,
     STREAM_CHUNKS,
     WHOLE_BODY,
     Procs,
     cpu_seconds,
+    litellm_exe,
     start_backend,
+    start_litellm,
     start_nginx,
     start_omnigate,
+    start_redis,
 )
 
 PATH = "/v1/chat/completions"
 KINDS = ("whole", "stream")
-MODES = ("fixed rate", "max")
+MODES = ("one conn", "fixed rate", "max")
 NAN = float("nan")
+TENANT_KEY = "og-bench-tenant-key-0123456789"
+DEFAULT_POLICY = ROOT / "policies" / "default.yaml"
+OPTIONAL = ("omnigate+log", "default", "default·redis", "default·redis×2", "litellm")
 
 Result = dict[str, Any]
 Results = dict[tuple[str, str, str], Result]
@@ -59,48 +76,104 @@ Results = dict[tuple[str, str, str], Result]
 class Target:
     name: str
     port: int
-    proc: str  # the process whose CPU is the proxying cost; "backend" for direct
+    procs: tuple[str, ...]  # the processes whose CPU is the proxying cost; ("backend",) for direct
+    key: str | None = None  # the tenant API key sent with every request
+    exact: bool = True  # returns the backend's bytes unchanged (LiteLLM rewrites them: content is compared)
+    fixed_rate: bool = True  # LiteLLM's max is far below --rate: an open loop would only pile up a backlog
 
 
-def _request(port: int, kind: str) -> bytes:
+def _request(t: Target, kind: str) -> bytes:
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Say hello."}],
         "max_tokens": STREAM_CHUNKS,
         "stream": kind == "stream",
     }
-    return http_request(port, PATH, orjson.dumps(body))
+    headers = {"authorization": f"Bearer {t.key}"} if t.key else None
+    return http_request(t.port, PATH, orjson.dumps(body), headers)
 
 
-def start_targets(procs: Procs, log_row: bool, policy: str, baseline: Path | None) -> list[Target]:
+def start_targets(procs: Procs, args: argparse.Namespace, policy: str) -> list[Target]:
+    want = set(args.targets.split(",")) if args.targets else set(OPTIONAL)
     backend = start_backend(procs)
-    targets = [Target("direct", backend, "backend")]
+    targets = [Target("direct", backend, ("backend",))]
     nginx = start_nginx(procs, backend)
     if nginx is None:
         print("nginx not found (apt-get install -y nginx): measuring without it.", file=sys.stderr)
     else:
-        targets.append(Target("nginx", nginx, "nginx"))
-    if baseline is not None:
-        port = start_omnigate(procs, "omnigate-base", backend, access_log=False, policy=policy, src=baseline)
-        targets.append(Target("omnigate@base", port, "omnigate-base"))
+        targets.append(Target("nginx", nginx, ("nginx",)))
+    if "litellm" in want:
+        exe = litellm_exe(args.litellm)
+        if exe is None:
+            print(
+                "litellm not found (pip install -e '.[litellm]', or --litellm PATH): measuring without it.",
+                file=sys.stderr,
+            )
+        else:
+            port = start_litellm(procs, backend, exe)
+            targets.append(Target("litellm", port, ("litellm",), LITELLM_KEY, exact=False, fixed_rate=False))
     port = start_omnigate(procs, "omnigate", backend, access_log=False, policy=policy)
-    targets.append(Target("omnigate", port, "omnigate"))
-    if log_row:
+    targets.append(Target("omnigate", port, ("omnigate",)))
+    if "omnigate+log" in want:
         port = start_omnigate(procs, "omnigate-log", backend, access_log=True, policy=policy)
-        targets.append(Target("omnigate+log", port, "omnigate-log"))
+        targets.append(Target("omnigate+log", port, ("omnigate-log",)))
+    default = DEFAULT_POLICY.read_text()
+    if args.baseline_src:
+        src = Path(args.baseline_src)
+        port = start_omnigate(
+            procs, "base", backend, access_log=False, policy=default, src=src, tenant_key=TENANT_KEY
+        )
+        targets.append(Target("default@base", port, ("base",), TENANT_KEY))
+    if "default" in want:
+        port = start_omnigate(
+            procs, "default", backend, access_log=False, policy=default, tenant_key=TENANT_KEY
+        )
+        targets.append(Target("default", port, ("default",), TENANT_KEY))
+    redis_rows = [(name, n) for name, n in (("default·redis", 1), ("default·redis×2", 2)) if name in want]
+    redis_url = start_redis(procs) if redis_rows else None
+    if redis_rows and redis_url is None:
+        print("redis-server not found (apt-get install -y redis-server): no Redis rows.", file=sys.stderr)
+    for name, workers in redis_rows if redis_url else []:
+        proc = f"redis-w{workers}"
+        port = start_omnigate(
+            procs,
+            proc,
+            backend,
+            access_log=False,
+            policy=default,
+            tenant_key=TENANT_KEY,
+            redis_url=redis_url,
+            workers=workers,
+        )
+        targets.append(Target(name, port, (proc, "redis"), TENANT_KEY))
     return targets
 
 
+def _content(kind: str, body: bytes) -> str:
+    """The answer's text: a whole completion's message, or a stream's deltas joined."""
+    if kind == "whole":
+        return str(orjson.loads(body)["choices"][0]["message"]["content"])
+    parts = []
+    for line in body.split(b"\n"):
+        if line.startswith(b"data: {"):
+            for choice in orjson.loads(line[6:]).get("choices") or ():
+                parts.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(parts)
+
+
 def check_bodies(lc: LoadClient, targets: list[Target]) -> list[str]:
-    """Every target must return exactly what the backend sends a client; a mismatch makes numbers moot."""
+    """Every target must return exactly what the backend sends a client (LiteLLM, which rewrites ids and
+    framing: the same answer text); a mismatch makes numbers moot."""
     problems = []
     for t in targets:
         for kind, expected in zip(KINDS, (WHOLE_BODY, STREAM_BODY), strict=True):
-            status, body = lc.fetch(t.port, _request(t.port, kind))
+            status, body = lc.fetch(t.port, _request(t, kind))
             if status != 200:
-                problems.append(f"{t.name} {kind}: HTTP {status}")
-            elif body != expected:
+                problems.append(f"{t.name} {kind}: HTTP {status}: {body[:200]!r}")
+            elif t.exact and body != expected:
                 problems.append(f"{t.name} {kind}: body differs from the backend's ({len(body)} bytes)")
+            elif not t.exact and _content(kind, body) != _content(kind, expected):
+                problems.append(f"{t.name} {kind}: answer text differs from the backend's")
     return problems
 
 
@@ -108,16 +181,17 @@ def measure(lc: LoadClient, procs: Procs, t: Target, load: Load, warmup: float) 
     """Warm up (discarded), then measure; process CPU is read around the measured part only."""
     if warmup > 0:
         lc.run(replace(load, duration=warmup))
-    pids = {name: procs.procs[name].pid for name in {t.proc, "backend"}}
+    pids = {name: procs.procs[name].pid for name in {*t.procs, "backend"}}
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     wall = time.monotonic()
     result = lc.run(load)
     wall = time.monotonic() - wall
     used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
     done = result["count"] + result["errors"]
+    proxy = sum(used[name] for name in t.procs) if t.procs != ("backend",) else NAN
     result["backend_cpu"] = used["backend"] / wall
-    result["proxy_cpu"] = used[t.proc] / wall if t.proc != "backend" else NAN
-    result["proxy_us"] = used[t.proc] / done * 1e6 if t.proc != "backend" and done else NAN
+    result["proxy_cpu"] = proxy / wall
+    result["proxy_us"] = proxy / done * 1e6 if done else NAN
     return result
 
 
@@ -155,40 +229,81 @@ def format_row(mode: str, kind: str, name: str, r: Result, direct: Result | None
     return "| " + " | ".join(cells) + " |"
 
 
+def _verdict(ok: bool) -> str:
+    return "meets" if ok else "MISSES"
+
+
 def summary(results: Results, rate: float) -> list[str]:
-    """The omnigate/nginx ratios and the issue's two targets, met or missed."""
+    """The ratios against nginx, LiteLLM and one worker, and the targets, met or missed."""
     lines = []
     for kind in KINDS:
         fixed = {n: results.get(("fixed rate", kind, n)) for n in ("direct", "nginx", "omnigate")}
-        top = {n: results.get(("max", kind, n)) for n in ("nginx", "omnigate")}
         d, n, o = fixed["direct"], fixed["nginx"], fixed["omnigate"]
         if d and o:
             added = o["p99"] - d["p99"]
-            verdict = "meets" if added < 0.002 else "MISSES"
             vs = f" (nginx adds {(n['p99'] - d['p99']) * 1000:.2f} ms)" if n else ""
             lines.append(
                 f"{kind:6}: omnigate adds {added * 1000:.2f} ms p99 at {rate:g} req/s{vs}: "
-                f"{verdict} the < 2 ms target"
+                f"{_verdict(added < 0.002)} the < 2 ms target"
             )
-        for name in ("nginx", "omnigate"):
-            r = fixed[name]
-            if r and r["proxy_cpu"] >= 0.95:
+        for (mode, k, name), r in results.items():
+            if mode == "fixed rate" and k == kind and name != "direct" and r["proxy_cpu"] >= 0.95:
                 lines.append(
                     f"{kind:6}: {name} is saturated at {rate:g} req/s (CPU {r['proxy_cpu'] * 100:.0f} %): "
                     "its fixed-rate latency is queueing, not per-request overhead"
                 )
-        mo, mn = top["omnigate"], top["nginx"]
+        top = {name: r for (mode, k, name), r in results.items() if mode == "max" and k == kind}
+        mo, mn = top.get("omnigate"), top.get("nginx")
         if mo and mn and mn["rps"]:
             ratio = mo["rps"] / mn["rps"]
-            verdict = "meets" if ratio >= 1 / 3 else "MISSES"
             lines.append(
                 f"{kind:6}: max req/s omnigate/nginx = {mo['rps']:.0f}/{mn['rps']:.0f} = {ratio:.3f}: "
-                f"{verdict} the ≥ 0.33 target"
+                f"{_verdict(ratio >= 1 / 3)} the ≥ 0.33 target"
             )
             lines.append(
                 f"{kind:6}: CPU per request omnigate/nginx = {mo['proxy_us']:.0f}/{mn['proxy_us']:.0f} µs "
                 f"= {mo['proxy_us'] / mn['proxy_us'] if mn['proxy_us'] else NAN:.0f}×"
             )
+        lines += _default_policy_lines(kind, results, top)
+    return lines
+
+
+def _default_policy_lines(kind: str, results: Results, top: dict[str, Result]) -> list[str]:
+    """Issue 19's targets for the default policy with a tenant key (whole requests; streams for reading)."""
+    lines = []
+    whole = kind == "whole"
+    dm = top.get("default")
+    if dm:
+        us = dm["proxy_us"]
+        verdict = f": {_verdict(us <= 600)} the ≤ 600 µs target" if whole else ""
+        lines.append(f"{kind:6}: CPU per request, default policy + key = {us:.0f} µs{verdict}")
+    one = {name: r for (mode, k, name), r in results.items() if mode == "one conn" and k == kind}
+    d1, o1 = one.get("direct"), one.get("default")
+    if d1 and o1:
+        added = o1["p50"] - d1["p50"]
+        verdict = f": {_verdict(added <= 0.0007)} the ≤ 0.7 ms target" if whole else ""
+        lines.append(
+            f"{kind:6}: added p50 at one connection, default policy + key = {added * 1000:.2f} ms{verdict}"
+        )
+    w1, w2 = top.get("default·redis"), top.get("default·redis×2")
+    if w1 and w2 and w1["rps"]:
+        ratio = w2["rps"] / w1["rps"]
+        verdict = f": {_verdict(ratio >= 1.6)} the ≥ 1.6× target" if whole else ""
+        lines.append(
+            f"{kind:6}: max req/s 2 workers / 1 worker = {w2['rps']:.0f}/{w1['rps']:.0f} "
+            f"= {ratio:.2f}×{verdict}"
+        )
+    lite = top.get("litellm")
+    if lite and lite["rps"]:
+        for name in ("default", "default·redis×2"):
+            r = top.get(name)
+            if r:
+                ratio = r["rps"] / lite["rps"]
+                verdict = f": {_verdict(ratio >= 20)} the ≥ 20× target" if whole else ""
+                lines.append(
+                    f"{kind:6}: max req/s {name}/litellm = {r['rps']:.0f}/{lite['rps']:.0f} "
+                    f"= {ratio:.1f}×{verdict}"
+                )
     return lines
 
 
@@ -211,18 +326,20 @@ def run(args: argparse.Namespace) -> int:
         lc: LoadClient | None = None
         try:
             policy = Path(args.policy).read_text() if args.policy else PASS_THROUGH_POLICY
-            baseline = Path(args.baseline_src) if args.baseline_src else None
-            targets = start_targets(procs, not args.no_log_row, policy, baseline)
+            targets = start_targets(procs, args, policy)
             lc = LoadClient()
             problems = check_bodies(lc, targets)
             for p in problems:
-                print(f"WARNING: {p}")
+                print(f"ERROR: {p}")
+            if problems:
+                return 1  # a target that does not proxy the backend faithfully: its figures mean nothing
             arrivals = "uniform" if args.uniform else "Poisson"
             names = ", ".join(t.name for t in targets)
             print(
                 f"Targets: {names}. Whole and streaming ({STREAM_CHUNKS} chunks) chat completions;\n"
-                f"fixed rate = {args.rate:g} req/s {arrivals}, max = closed loop at concurrency "
-                f"{args.concurrency}; {args.duration:g} s each after {args.warmup:g} s warm-up.\n",
+                f"one conn = closed loop on one connection, fixed rate = {args.rate:g} req/s {arrivals}, "
+                f"max = closed loop at concurrency {args.concurrency};\n"
+                f"{args.duration:g} s each after {args.warmup:g} s warm-up.\n",
                 flush=True,
             )
             print(HEADER, flush=True)
@@ -230,11 +347,16 @@ def run(args: argparse.Namespace) -> int:
             for mode in MODES:
                 for kind in KINDS:
                     for t in targets:
-                        procs.check_alive(t.proc)
+                        if mode == "fixed rate" and not t.fixed_rate:
+                            continue
+                        for name in t.procs:
+                            procs.check_alive(name)
                         load = Load(
                             port=t.port,
-                            request=_request(t.port, kind),
-                            concurrency=args.concurrency if mode == "max" else args.open_connections,
+                            request=_request(t, kind),
+                            concurrency={"one conn": 1, "max": args.concurrency}.get(
+                                mode, args.open_connections
+                            ),
                             duration=args.duration,
                             rate=args.rate if mode == "fixed rate" else None,
                             poisson=not args.uniform,
@@ -247,9 +369,11 @@ def run(args: argparse.Namespace) -> int:
                 if r["errors"]:
                     print(f"errors in {mode} {kind} {name}: {r['error_statuses']}")
             print("\n".join(summary(results, args.rate)))
+            if any(not t.fixed_rate for t in targets):
+                print(f"litellm has no fixed-rate rows: its max req/s is far below {args.rate:g}.")
             print()
             print(machine_note(load_before))
-            return 1 if problems else 0
+            return 0
         finally:
             if lc is not None:
                 lc.close()
@@ -265,25 +389,34 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup", type=float, default=1.0, help="seconds of load before each cell (default 1)"
     )
     parser.add_argument("--rate", type=float, default=200.0, help="fixed-rate mode, req/s (default 200)")
-    parser.add_argument("--concurrency", type=int, default=16, help="max mode connections (default 16)")
+    parser.add_argument("--concurrency", type=int, default=32, help="max mode connections (default 32)")
     parser.add_argument(
         "--open-connections", type=int, default=8, help="fixed-rate mode pre-opened connections (default 8)"
     )
     parser.add_argument("--uniform", action="store_true", help="evenly spaced arrivals instead of Poisson")
-    parser.add_argument("--no-log-row", action="store_true", help="skip omnigate with its access log on")
     parser.add_argument(
-        "--policy", help="policy file for omnigate (default: admission stages that never hold or shed)"
+        "--targets",
+        help=f"comma-separated rows beside direct, nginx and omnigate, of: {','.join(OPTIONAL)} "
+        "(default: all)",
+    )
+    parser.add_argument("--litellm", help="the `litellm` executable (default: beside this python, or PATH)")
+    parser.add_argument(
+        "--policy",
+        help="policy file for the omnigate row (default: admission stages that never hold or shed)",
     )
     parser.add_argument(
         "--baseline-src",
-        help="also measure omnigate from this source tree (row omnigate@base), e.g. "
+        help="also measure the default row from this source tree (row default@base), e.g. "
         "`git worktree add /tmp/base HEAD~3`: before/after under the same conditions",
     )
     args = parser.parse_args(argv)
     if min(args.duration, args.rate, args.concurrency, args.open_connections) <= 0 or args.warmup < 0:
         parser.error("--duration, --rate, --concurrency and --open-connections must be positive")
     if args.duration + args.warmup > 30:
-        parser.error("keep --duration + --warmup ≤ 30 s: the run has 16 such cells")
+        parser.error("keep --duration + --warmup ≤ 30 s: the run has up to 54 such cells")
+    unknown = set(args.targets.split(",")) - set(OPTIONAL) if args.targets else set()
+    if unknown:
+        parser.error(f"--targets: unknown {', '.join(sorted(unknown))}; choose from {', '.join(OPTIONAL)}")
 
     def on_term(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
