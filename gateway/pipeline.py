@@ -181,7 +181,7 @@ class CompletionEndpoint:
             ticket.error_code = e.code
             if not ex.started and not ex.disconnected:
                 ex.status = e.status
-                await send_error(send, e)
+                await send_error(send, e, ticket.rate_limits)  # refused after admission: the limits too
         except Exception:
             log.exception("request %s failed", ticket.id)
             ticket.outcome, error = Outcome.INTERNAL_ERROR, "internal gateway error"

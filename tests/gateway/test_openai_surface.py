@@ -1,5 +1,5 @@
 """What OpenAI clients expect, with the real `openai` client against a gateway in front of the simulator:
-`x-ratelimit-*` headers on completions, embeddings and 429s; named priorities in `x-priority`; model
+`x-ratelimit-*` headers on completions, embeddings and 429s (the quota's and the queue's); named priorities in `x-priority`; model
 aliases in `/v1/models` and `/v1/models/{id}`; `/v1/embeddings` through auth, quota and the queue."""
 
 from __future__ import annotations
@@ -123,6 +123,54 @@ def test_a_429_carries_the_headers_too(gateway: ServerThread) -> None:
     assert (headers["x-ratelimit-limit-requests"], headers["x-ratelimit-remaining-requests"]) == ("2", "0")
     assert 55.0 < _seconds(headers["x-ratelimit-reset-requests"]) <= 60.0  # refilled only since the 2nd
     assert int(headers["retry-after"]) >= 1
+
+
+@pytest.fixture(scope="module")
+def one_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """A gateway whose one backend takes one request at a time, in front of a slow engine."""
+    tmp = tmp_path_factory.mktemp("one-slot")
+    policy = "version: 1\ncontroller: {algorithm: fixed, initial: 1, min: 1, max: 1}\n"
+    (tmp / "policy.yaml").write_text(policy)
+    tenants = [{"id": "surface", "keys": [KEY], "quotas": {"rpm": RPM, "total_tpm": TPM}}]
+    with ExitStack() as stack:
+        sim = stack.enter_context(serve(create_sim(SimConfig(model=MODEL, time_scale=1.0, seed=9))))
+        config = parse_config(
+            {
+                "policy_path": str(tmp / "policy.yaml"),
+                "watch_policy": False,
+                "admin": {"token": "surface-admin"},
+                "store": {"kind": "memory"},
+                "access_log": False,
+                "pools": [{"name": "interactive", "models": [MODEL], "backends": [sim.url]}],
+                "tenants": tenants,
+            },
+            environ={},
+        )
+        yield stack.enter_context(serve(create_app(config)))
+
+
+def test_a_429_from_the_queue_carries_the_headers_too(one_slot: ServerThread) -> None:
+    """A request the queue refuses after its quota was reserved (its deadline cannot be met behind the
+    request holding the only slot) still tells the client its rate limits."""
+    headers = {"authorization": f"Bearer {KEY}"}
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with (
+        httpx.Client(base_url=one_slot.url, timeout=30) as client,
+        client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as holding,
+    ):
+        assert holding.status_code == 200
+        chunks = holding.iter_raw()  # kept: a dropped iterator closes the stream
+        next(chunks)  # it runs for 400 tokens: the slot is taken
+        refused = client.post(
+            "/v1/chat/completions",
+            json={**body, "stream": False},
+            headers={**headers, "x-omnigate-deadline-ms": "1"},
+        )
+    assert (refused.status_code, refused.json()["error"]["code"]) == (429, "slo_unattainable"), refused.text
+    limits = _limits(refused.headers)
+    assert limits["x-ratelimit-limit-requests"] == str(RPM)
+    assert int(limits["x-ratelimit-remaining-requests"]) in (RPM - 2, RPM - 1)  # both reserved; a refill
+    assert limits["x-ratelimit-limit-tokens"] == str(TPM)
 
 
 def test_named_priorities_beside_integers(gateway: ServerThread) -> None:
