@@ -31,6 +31,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,7 @@ PROMPTS = [
 @dataclass
 class Tally:
     sent: int = 0
-    refused: int = 0  # 429/503 before admission: no reservation, not in the ledger
+    refused: Counter[str] = field(default_factory=Counter)  # 429/503 by error code
     ids: list[str] = field(default_factory=list)
     fate: dict[str, str] = field(default_factory=dict)  # request id → its fate
 
@@ -87,8 +88,9 @@ def _body(rng: random.Random) -> dict[str, Any]:
 
 async def _one(
     client: httpx.AsyncClient, key: str, rid: str, body: dict[str, Any], fate: str, rng: random.Random
-) -> int:
-    """Send one request and play its fate; the status seen (0 when the client left before it)."""
+) -> tuple[int, str]:
+    """Send one request and play its fate; the status seen (0 when the client left before it) and, for a
+    refusal, its error code."""
     headers = {"authorization": f"Bearer {key}", "x-request-id": rid}
     leave_after = {
         "complete": None,
@@ -101,6 +103,8 @@ async def _one(
         if body["stream"]:
             async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as resp:
                 status = resp.status_code
+                if status >= 400:
+                    return status, _code(await resp.aread())
                 chunks = 0
                 cut = rng.randint(1, 20) if fate == "mid_stream" else None
                 async for _ in resp.aiter_raw():
@@ -108,8 +112,18 @@ async def _one(
                     if cut is not None and chunks >= cut:
                         break
         else:
-            status = (await client.post("/v1/chat/completions", json=body, headers=headers)).status_code
-    return status
+            resp = await client.post("/v1/chat/completions", json=body, headers=headers)
+            status = resp.status_code
+            if status >= 400:
+                return status, _code(resp.content)
+    return status, ""
+
+
+def _code(body: bytes) -> str:
+    try:
+        return str(orjson.loads(body)["error"]["code"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return "?"
 
 
 async def _tenant(
@@ -130,9 +144,9 @@ async def _tenant(
                 tally.sent += 1
                 tally.ids.append(rid)
                 tally.fate[rid] = fate
-                status = await _one(client, f"og-bench-{tenant}-key-0123456789", rid, body, fate, rng)
+                status, code = await _one(client, f"og-bench-{tenant}-key-0123456789", rid, body, fate, rng)
                 if status in (429, 503):
-                    tally.refused += 1
+                    tally.refused[f"{status} {code}"] += 1
 
         await asyncio.gather(*(worker(w) for w in range(clients)))
 
@@ -363,12 +377,14 @@ async def run_store(
             cells = (tenant, tally.sent, requests, charged, engine, f"{ratio:.3f}", "yes" if ok else "NO")
             lines.append(
                 "{:<8} {:>5} {:>10} {:>9} {:>9} {:>6} {:>7}".format(*cells)
-                + f"   active {usage['concurrent']['active']}, refused {tally.refused}"
+                + f"   active {usage['concurrent']['active']}, refused {sum(tally.refused.values())}"
             )
     overall = totals[0] / totals[1] if totals[1] else float("nan")
     overall_ok = abs(overall - 1) <= args.tolerance
     all_ok = all_ok and overall_ok
     lines.append(f"all tenants: charged {totals[0]}, engines {totals[1]}, ratio {overall:.3f}")
+    refused = sum((t.refused for t in tallies.values()), Counter[str]())
+    lines.append("refused: " + (", ".join(f"{k} ×{n}" for k, n in refused.most_common()) or "none"))
     lines.append("counters at the end: " + ", ".join(f"{k} {v:g}" for k, v in counters.items()))
     lines += _by_fate(procs.workdir / f"{name}.log", tallies, engines)
     proc = procs.procs.pop(name)

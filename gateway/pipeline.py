@@ -105,8 +105,9 @@ def _pace(backend: BackendState, ticket: Ticket) -> None:
         first, last = ticket.first_token_at, ticket.last_token_at
         if tokens >= 2 and first is not None and last is not None:
             backend.progress.answered((last - first) / (tokens - 1))
-    elif tokens and ticket.prefill_at is not None and ticket.finished_at is not None:
-        backend.progress.answered((ticket.finished_at - ticket.prefill_at - ticket.prefill_s) / tokens)
+    elif tokens and ticket.prefill is not None and ticket.finished_at is not None:
+        prefilled = ticket.prefill.at + ticket.prefill.seconds
+        backend.progress.answered((ticket.finished_at - prefilled) / tokens)
 
 
 def _int(value: str | None) -> int:
@@ -270,7 +271,7 @@ class CompletionEndpoint:
             ticket.backend = backend.name
             ticket.dispatched_at = self.gw.clock()
             ticket.reached_engine = False  # until its body is out (open_upstream's `sent`): then charged
-            ticket.prefill_at = None
+            ticket.prefill = None
             record.record_dispatch(ticket)
             assert owner.client is not None
             # loans are revocable until the first byte: nothing has reached the client; others pay no
@@ -292,6 +293,7 @@ class CompletionEndpoint:
             except UpstreamError as e:
                 if isinstance(e, (UpstreamConnectError, UpstreamStatusError)):
                     ticket.reached_engine = False  # refused or never connected: the engine did nothing
+                    backend.progress.dropped(ticket, self.gw.clock())
                 verdict = owner.kind.judge(e, backend)
                 if verdict.backend_fault:  # verdicts come before the release (gateway/backends/circuit.py)
                     owner.record_failure(backend, ticket.dispatched_at)

@@ -66,6 +66,15 @@ class Usage:
     completion_tokens: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Prefill:
+    """When an engine is predicted to prefill a request: in which of its batches, from when, for how long."""
+
+    batch: int
+    at: float
+    seconds: float
+
+
 @dataclass(slots=True)
 class Ticket:
     id: str
@@ -95,10 +104,7 @@ class Ticket:
     usage: Usage | None = None  # the engine's own count, else what gateway/tenants/charge.py infers
     usage_inferred: str | None = None  # why `usage` was inferred (charge.py's reasons); None: the engine's
     reached_engine: bool = False  # the last attempt may have run on the engine (it is charged)
-    prefill_at: float | None = (
-        None  # when the engine is predicted to start its prefill (backends/progress.py)
-    )
-    prefill_s: float = 0.0  # and how long the prefill is predicted to take
+    prefill: Prefill | None = None  # the engine's predicted prefill of the last attempt (progress.py)
     outcome: Outcome = Outcome.PENDING
     error_code: str | None = None
     error: str | None = None  # what went wrong, for the access log and failure alerts

@@ -1,6 +1,7 @@
 """What OpenAI clients expect, with the real `openai` client against a gateway in front of the simulator:
-`x-ratelimit-*` headers on completions, embeddings and 429s (the quota's and the queue's); named priorities in `x-priority`; model
-aliases in `/v1/models` and `/v1/models/{id}`; `/v1/embeddings` through auth, quota and the queue."""
+`x-ratelimit-*` headers on completions, embeddings and 429s (the quota's and the queue's); named priorities
+in `x-priority`; model aliases in `/v1/models` and `/v1/models/{id}`; `/v1/embeddings` through auth, quota
+and the queue."""
 
 from __future__ import annotations
 

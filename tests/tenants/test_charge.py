@@ -10,7 +10,7 @@ from gateway.backends.progress import EngineProgress
 from gateway.estimate.text import estimate_text_tokens
 from gateway.sse import SSERelay, whole_answer_tokens
 from gateway.tenants.charge import Inferred, billable, infer, left_waiting
-from gateway.ticket import Cost, Outcome, Ticket, Usage
+from gateway.ticket import Cost, Outcome, Prefill, Ticket, Usage
 
 
 def _ticket(outcome: Outcome = Outcome.PENDING, reached: bool = True) -> Ticket:
@@ -97,32 +97,53 @@ def _sent(progress: EngineProgress, at: float, prompt: int = 1000, stream: bool 
     return t
 
 
-def test_a_prefill_is_predicted_behind_those_sent_before_it() -> None:
+def test_a_prefill_starts_at_once_or_with_the_next_batch() -> None:
     progress = EngineProgress()
-    first, second = _sent(progress, 10.0), _sent(progress, 10.5, prompt=500)
-    assert (first.prefill_at, first.prefill_s) == (10.0, 1.0)
-    assert (second.prefill_at, second.prefill_s) == (11.0, 0.5)
-    assert progress.prefill_until == 11.5
-    assert _sent(progress, 20.0).prefill_at == 20.0  # an idle engine starts it at once
+    first = _sent(progress, 10.0)
+    second, third = _sent(progress, 10.5, prompt=500), _sent(progress, 10.7, prompt=300)
+    assert first.prefill == Prefill(1, 10.0, 1.0)  # no prefill running: at once
+    assert second.prefill == Prefill(2, 11.0, 0.5)  # both wait for it and go together
+    assert third.prefill == Prefill(2, 11.0, 0.3)
+    fourth = _sent(progress, 11.2)  # behind the batch of the two, which ends at 11.8
+    assert fourth.prefill is not None and (fourth.prefill.batch, fourth.prefill.at) == (
+        3,
+        pytest.approx(11.8),
+    )
+    assert _sent(progress, 20.0).prefill == Prefill(4, 20.0, 1.0)  # an idle engine starts it at once
 
 
-def test_a_first_byte_moves_the_horizon_by_the_predictions_error() -> None:
+def test_a_first_byte_ends_its_batch_and_starts_the_next() -> None:
     progress = EngineProgress()
-    first, _ = _sent(progress, 10.0), _sent(progress, 10.0)
-    progress.first_token(first, 10.6)  # prefilled 0.4 s sooner than predicted
-    assert progress.prefill_until == pytest.approx(11.6)
-    progress.first_token(first, 30.0)  # nothing predicted past it: nothing to move
-    assert progress.prefill_until == pytest.approx(11.6)
+    first = _sent(progress, 10.0)
+    waiting = _sent(progress, 10.1)
+    progress.first_token(first, 10.6)  # prefilled 0.4 s sooner than predicted: the next batch runs now
+    assert (progress.batch, progress.running_from, progress.running_until) == (2, 10.6, 11.6)
+    assert progress.reached(waiting, 10.7)  # it was in that batch
+    later = _sent(progress, 10.8)
+    progress.first_token(later, 11.0)  # its batch ran already: engine faster than predicted
+    assert (progress.batch, progress.running_until, progress.next_s) == (3, 11.0, 0.0)
+    progress.first_token(first, 12.0)  # a batch long gone: nothing to move
+    assert (progress.batch, progress.running_until) == (3, 11.0)
 
 
-def test_leaving_before_the_predicted_prefill_charges_nothing_and_gives_its_share_back() -> None:
+def test_a_request_the_engine_refused_leaves_its_batch() -> None:
+    progress = EngineProgress()
+    alone, queued = _sent(progress, 10.0), _sent(progress, 10.2)
+    progress.dropped(queued, 10.3)
+    assert progress.next_s == 0.0
+    progress.dropped(alone, 10.3)  # it ran alone: its batch is over
+    assert progress.running_until == 10.3
+    assert _sent(progress, 10.4).prefill == Prefill(2, 10.4, 1.0)
+
+
+def test_leaving_before_the_predicted_prefill_charges_nothing_and_leaves_its_batch() -> None:
     progress = EngineProgress()
     _sent(progress, 10.0)
     queued = _sent(progress, 10.0)
     left_waiting(queued, progress, 10.5, runs_on=False)
     assert queued.usage == Usage(0, 0) and queued.usage_inferred == Inferred.LEFT_QUEUED
     assert billable(queued) == Usage(0, 0)
-    assert progress.prefill_until == 11.0  # its own second of prefill is off the horizon
+    assert progress.next_s == 0.0  # its second of prefill is out of the next batch
 
 
 def test_a_server_that_runs_on_prefills_a_request_whose_client_left_while_queued() -> None:
@@ -131,7 +152,7 @@ def test_a_server_that_runs_on_prefills_a_request_whose_client_left_while_queued
     queued = _sent(progress, 10.0)
     left_waiting(queued, progress, 10.5, runs_on=True)
     assert queued.usage == Usage(1000, 0) and queued.usage_inferred == Inferred.CLIENT_LEFT
-    assert progress.prefill_until == 12.0
+    assert progress.next_s == 1.0
 
 
 def test_leaving_after_the_prefill_started_charges_the_prompt() -> None:
