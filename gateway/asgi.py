@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
-import uuid
 from typing import Any
 
 import orjson
@@ -24,7 +24,7 @@ def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
             rid = value.decode("latin-1")
             if _RID_OK.match(rid):
                 return rid
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 class RequestIdMiddleware:

@@ -20,6 +20,7 @@ When several limits deny, the one with the longest wait is reported: that is whe
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -117,11 +118,18 @@ class Bucket:
 
 
 def day_of(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")
+    """The UTC day of `ts`, "YYYY-MM-DD" (every request asks: formatted once per day)."""
+    return _utc_day(int(ts // 86400))
 
 
 def month_of(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m")
+    """The UTC month of `ts`, "YYYY-MM"."""
+    return _utc_day(int(ts // 86400))[:7]
+
+
+@functools.lru_cache(maxsize=64)
+def _utc_day(day: int) -> str:
+    return datetime.fromtimestamp(day * 86400, UTC).strftime("%Y-%m-%d")
 
 
 def seconds_to_next_day(ts: float) -> float:

@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 import fnmatch
 import logging
+import os
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -327,7 +327,7 @@ class TenantService:
         every limit at once, or raise QuotaExceeded (429)."""
         now = self.clock() if now is None else now
         charge = Charge(tokens_in, tokens_out_expected, audio_ms(audio_seconds))
-        res = Reservation(uuid.uuid4().hex, tenant, charge, now)
+        res = Reservation(os.urandom(16).hex(), tenant, charge, now)
         try:
             denial = await self.store.reserve(tenant.id, tenant.quotas, res.charge, now, res.id)
         except StoreUnavailable:

@@ -184,6 +184,23 @@ def test_target_reads_the_tail_over_the_long_window_and_the_p90_over_the_recent_
     assert lim.value == pytest.approx(24)
 
 
+def test_target_reads_its_quantiles_over_exactly_the_last_samples_as_they_slide() -> None:
+    """Long after the windows filled (old samples leave them, repeated values among them), the aim and the
+    recent Q90 are those of the last tail_window and window samples, as sorting them would give."""
+    lim = _target(window=4, tail_window=8)
+    rng = random.Random(7)
+    seen: list[float] = []
+    for i in range(200):
+        seen.append(rng.choice((0.2, 0.4, 0.6, 0.8, 1.0, 1.5, 2.5)))
+        lim.update(Sample(float(i), in_flight=64, tpot_ratio=seen[-1]))
+        if len(seen) < 4:
+            continue
+        whole, recent = sorted(seen[-8:]), sorted(seen[-4:])
+        q99, q90 = whole[math.ceil(0.99 * len(whole)) - 1], whole[math.ceil(0.9 * len(whole)) - 1]
+        assert lim.aim == pytest.approx(0.9 / min(3.0, q99 / q90))
+        assert lim.recent_q90 == recent[math.ceil(0.9 * len(recent)) - 1]
+
+
 def test_target_grows_only_while_in_use_and_backs_off_on_a_drop_once_per_cooldown() -> None:
     lim = _target(cooldown_s=5.0)
     for i in range(4):

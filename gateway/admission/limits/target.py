@@ -25,7 +25,9 @@ shortened (decision 0450).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
+from itertools import islice
 
 from gateway.admission.limits.base import Bounded, Sample
 from gateway.admission.settings import ControllerPolicy
@@ -42,6 +44,7 @@ class TargetLimit(Bounded):
     def __init__(self, policy: ControllerPolicy, start: float | None = None) -> None:
         super().__init__(policy, start)
         self._ratios: deque[float] = deque(maxlen=policy.tail_window)
+        self._sorted: list[float] = []  # the same ratios in order: quantiles without a sort per sample
         self.aim: float | None = None  # observable: the Q90 aimed at, and the Q90 last measured
         self.recent_q90: float | None = None
 
@@ -53,11 +56,15 @@ class TargetLimit(Bounded):
             return
         if sample.tpot_ratio is None:
             return
-        self._ratios.append(max(sample.tpot_ratio, 1e-9))
+        ratio = max(sample.tpot_ratio, 1e-9)
+        if len(self._ratios) == self._ratios.maxlen:
+            del self._sorted[bisect_left(self._sorted, self._ratios[0])]
+        self._ratios.append(ratio)
+        insort(self._sorted, ratio)
         if len(self._ratios) < p.window:
             return
-        whole = sorted(self._ratios)
-        recent = sorted(list(self._ratios)[-p.window :])
+        whole = self._sorted
+        recent = sorted(islice(self._ratios, len(self._ratios) - p.window, None))
         tail = min(MAX_TAIL, max(1.0, quantile(whole, 0.99) / quantile(whole, 0.9)))
         self.aim = p.headroom / tail
         self.recent_q90 = quantile(recent, 0.9)
