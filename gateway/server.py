@@ -77,5 +77,9 @@ def serve(
         http=edge_protocol(limits),
         timeout_keep_alive=limits.keepalive_timeout_s,
         timeout_graceful_shutdown=CLOSE_GRACE_S,
+        # Nothing reads the client's address, so no X-Forwarded-* rewriting layer on every request; and
+        # no `server: uvicorn` header telling the world what runs here.
+        proxy_headers=False,
+        server_header=False,
     )
     GatewayServer(config, drain, drain_s).run(sockets=None if sock is None else [sock])
