@@ -202,6 +202,7 @@ class PoolScheduler:
         """A lease on our backends (ours or a loan) saw its first byte: its prefill no longer waits in
         the engine, and a placement the shield held may go now."""
         self.dispatcher.shield.started(lease.backend.url, lease.ticket)
+        self.dispatcher.prefill_seen.started(lease.ticket, lease.backend.url, self.clock())
         if self.dispatcher.stages is not None:
             self.dispatcher.stages.started(lease.ticket, lease.backend.url)
         if self.dispatcher.shield.held and self.queue:
@@ -222,12 +223,14 @@ class PoolScheduler:
         )
         if outcome == Outcome.OK and ttft_s is not None:
             self.observe_prefill(prompt, ttft_s)
+        now = self.clock()
+        share = self.dispatcher.prefill_seen.share(ticket, now, self.rate.at(now))
         limit = self.limits.get(backend.url)
         if limit is not None and (outcome == Outcome.OK or outcome in DROP_OUTCOMES):
             shared = None if entry.slo.tpot_p99_s is not None else self._batch_tpot_target(backend)
-            ratio = latency_ratio(entry.slo, ttft_s, tpot_s, prompt / self.rate.at(self.clock()), shared)
+            ratio = latency_ratio(entry.slo, ttft_s, tpot_s, prompt / self.rate.at(now), shared)
             tpot = tpot_ratio(entry.slo, tpot_s, shared)
-            limit.update(Sample(self.clock(), in_flight, ratio, outcome in DROP_OUTCOMES, tpot))
+            limit.update(Sample(now, in_flight, ratio, outcome in DROP_OUTCOMES, tpot, share))
             backend.concurrency_limit = limit.limit
 
     def pump(self) -> None:
@@ -314,6 +317,7 @@ class PoolScheduler:
             prefill_load=self.pool_level(now, ctx.budgets),
             rejections=dict(self.rejections),
             limit_values={url: lim.value for url, lim in self.limits.items()},
+            prefill_duties={url: lim.prefill_duty for url, lim in self.limits.items()},
             shared=None
             if self.shares is None
             else {b.url: self.shares.describe(b.url, self.limits[b.url].limit) for b in self.backends},
@@ -365,7 +369,8 @@ class PoolScheduler:
         its budgets copy)."""
         limits = {url: lim.limit for url, lim in self.limits.items()}
         rate = self.rate.at(now)
-        budgets = self.metering.budgets(settings.budgets.for_pool(self.pool), rate, keep=keep)
+        metered = rate * self._prefill_duty()
+        budgets = self.metering.budgets(settings.budgets.for_pool(self.pool), metered, keep=keep)
         inbound: dict[str, int] = {}
         if self.shares is not None:  # replicas share the engines: dispatch within this one's share
             fraction = self.shares.fraction([b.url for b in self.backends], limits)
@@ -382,6 +387,14 @@ class PoolScheduler:
             prefill_rate=rate,
             share_window_s=settings.fairness.share_window_s,
             inbound=inbound,
+        )
+
+    def _prefill_duty(self) -> float:
+        """The share of the measured prefill rate the round budget meters out: the tightest duty of the
+        available backends' limits (limits/target.py), 1 without one."""
+        return min(
+            (self.limits[b.url].prefill_duty for b in self.backends if b.available and b.url in self.limits),
+            default=1.0,
         )
 
     def _blocked(self, head: Entry, ctx: Decision, settings: AdmissionSettings, now: float) -> dict[str, str]:

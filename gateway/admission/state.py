@@ -38,6 +38,7 @@ class PoolView:
     prefill_load: float
     rejections: Mapping[tuple[str, str], int]
     limit_values: Mapping[str, float]  # each backend's limit unrounded: the controller's state
+    prefill_duties: Mapping[str, float]  # each backend's share of the prefill rate the rounds meter out
     shared: Mapping[str, dict[str, Any]] | None = None  # per backend URL, when replicas share the engines
 
 
@@ -80,6 +81,7 @@ def pool_snapshot(v: PoolView) -> dict[str, Any]:
                 "available": b.available,
                 "limit": v.ctx.limits[b.url],
                 "limit_value": round(v.limit_values[b.url], 3),
+                "prefill_duty": round(v.prefill_duties[b.url], 3),
                 "active": b.active,
                 "outstanding_tokens": b.outstanding_tokens,
                 "reserved_kv_tokens": b.reserved_kv_tokens,

@@ -285,3 +285,40 @@ async def test_the_scheduler_feeds_the_tpot_part_beside_the_whole_ratio() -> Non
     lease = await s.acquire(ticket(prompt=1))
     lease.release(None, "ok", ttft_s=4.0, tpot_s=0.03)
     assert seen[0].tpot_ratio == pytest.approx(0.5) and seen[0].latency_ratio == pytest.approx(2.0, rel=0.01)
+
+
+def test_target_derives_the_prefill_duty_from_the_decode_step_under_the_aim() -> None:
+    lim = _target()  # window 4, headroom 0.9
+    steps = [(0.6, 0.5), (0.8, 0.5), (0.5, 0.0), (1.2, 0.75)]  # decode steps 0.3, 0.4, 0.5, 0.3
+    for i, (ratio, share) in enumerate(steps[:3]):
+        lim.update(Sample(float(i), in_flight=16, tpot_ratio=ratio, prefill_share=share))
+    assert lim.prefill_duty == 1.0  # three steps: not a window yet
+    lim.update(Sample(3.0, in_flight=16, tpot_ratio=1.2, prefill_share=0.75))
+    assert lim.prefill_duty == pytest.approx(1 - 0.35 / 0.9)  # median step 0.35
+    lim.update(Sample(4.0, in_flight=16, tpot_ratio=5.0))  # no share known: no step
+    assert lim.prefill_duty == pytest.approx(1 - 0.35 / 0.9)
+    for i in range(4):
+        lim.update(Sample(5.0 + i, in_flight=16, tpot_ratio=1.0, prefill_share=0.0))
+    assert lim.prefill_duty == pytest.approx(0.2)  # the step alone over the aim: the floor
+    for algorithm in ("fixed", "aimd", "gradient"):
+        other = make_limit(_policy(algorithm))
+        other.update(Sample(0.0, in_flight=16, latency_ratio=1.0, tpot_ratio=1.0, prefill_share=0.0))
+        assert other.prefill_duty == 1.0
+
+
+async def test_the_scheduler_feeds_the_prefill_its_engine_ran_during_the_decode() -> None:
+    clock = FakeClock()
+    pol = policy(controller={"algorithm": "target", "initial": 8, "min": 1, "max": 8, "window": 4})
+    s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
+    seen: list[Sample] = []
+    s.limits["http://b0"].update = seen.append  # type: ignore[method-assign]
+    decoding = await s.acquire(ticket(prompt=100))
+    decoding.started()  # its first byte at 1000.0
+    clock.now = 1000.5
+    other = await s.acquire(ticket(prompt=2000))  # sent while it decodes
+    clock.now = 1001.0
+    decoding.release(None, "ok", tpot_s=0.03)
+    # 2000 tokens at the prior 10000 tokens/s over 1 s of decode
+    assert seen[0].prefill_share == pytest.approx(0.2)
+    other.release(None, "ok", tpot_s=0.03)  # never started: no share
+    assert seen[1].prefill_share is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway.admission.dispatch import Dispatcher
+from gateway.admission.limits import Sample
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import PoolBudgets
 from tests.admission.helpers import FakeClock, backends, decision, policy, settle, ticket
@@ -73,3 +74,17 @@ async def test_big_prompts_go_at_the_metered_pace() -> None:
     clock.now = 1000.2
     s.pump()
     assert (await second).ticket.dispatched_at == 1000.2
+
+
+def test_the_target_limits_duty_scales_the_metered_budget() -> None:
+    clock = FakeClock()
+    pol = policy(
+        budgets={"prefill_tokens_per_round": 8192, "round_s": 0.1, "prefill_rate_fraction": 0.5},
+        controller={"algorithm": "target", "initial": 8, "min": 1, "max": 8, "window": 4},
+    )
+    s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
+    assert s.snapshot()["prefill_tokens_per_round"] == 500  # 0.5 × prior 10000 tokens/s × 0.1 s
+    for i in range(4):  # decode steps at 0.45 of the objective: duty 1 − 0.45 / 0.9
+        s.limits["http://b0"].update(Sample(float(i), in_flight=8, tpot_ratio=0.9, prefill_share=0.5))
+    snap = s.snapshot()
+    assert snap["backends"][0]["prefill_duty"] == 0.5 and snap["prefill_tokens_per_round"] == 250

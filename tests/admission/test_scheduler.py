@@ -46,6 +46,7 @@ async def test_light_load_dispatches_at_once_and_release_is_idempotent() -> None
         "available": True,
         "limit": None,
         "limit_value": 32.0,
+        "prefill_duty": 1.0,
         "active": 1,
         "outstanding_tokens": 400,
         "reserved_kv_tokens": 400,

@@ -12,14 +12,16 @@ from gateway.admission.settings import ControllerPolicy
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One finished request on the backend: when, how many ran beside it, its SLO-relative latency
-    (`signal.latency_ratio`, and its TPOT part `signal.tpot_ratio`; None when no objective applies) and
-    whether the backend refused it."""
+    (`signal.latency_ratio`, and its TPOT part `signal.tpot_ratio`; None when no objective applies),
+    whether the backend refused it, and the share of its decode time its engine spent on the prefill the
+    gateway sent it meanwhile (`decode_share.PrefillSeen`, in [0, 1]; None when unknown)."""
 
     now: float
     in_flight: int
     latency_ratio: float | None = None
     dropped: bool = False
     tpot_ratio: float | None = None
+    prefill_share: float | None = None
 
 
 class Limit(Protocol):
@@ -31,6 +33,9 @@ class Limit(Protocol):
 
     @property
     def value(self) -> float: ...
+
+    @property
+    def prefill_duty(self) -> float: ...
 
     def update(self, sample: Sample) -> None: ...
 
@@ -53,6 +58,12 @@ class Bounded:
     @property
     def value(self) -> float:
         return self._value
+
+    @property
+    def prefill_duty(self) -> float:
+        """The share of the engine's prefill rate the round budget may meter out: all of it, unless the
+        algorithm derives a cap from the TPOT objective (target.py)."""
+        return 1.0
 
     def _clamp(self, value: float) -> float:
         top = float(self.policy.max if self.ceiling is None else min(self.policy.max, self.ceiling))

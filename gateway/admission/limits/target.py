@@ -7,6 +7,9 @@
     limit ← limit · error^gain                    per sample; growth only while in use (in_flight ≥ limit/2)
     drop:   limit ← limit · backoff               at most once per cooldown_s
 
+    step  = ratio · (1 − prefill share of its decode)   the decode step alone, in units of the objective
+    duty  = clamp(1 − median(last window steps) / headroom, MIN_DUTY, 1)   `prefill_duty`
+
 The objective is a P99, but the P99 of a few dozen samples is their maximum — one stalled short answer.
 The recent Q90 moves with the load within seconds; the P99/P90 ratio is a property of the workload's
 mix (answer lengths, prefill stalls) that changes slowly, so it is read over a longer window. A small
@@ -20,11 +23,20 @@ budget meters that, the queue's deadline prediction holds the TTFT objective by 
 it, and the engine's own cap (`ceiling`) keeps requests from queueing inside the engine. Steering the
 limit on TTFT as well squeezed it to its minimum on bursts of prefill that no smaller batch would have
 shortened (decision 0450).
+
+The limit sets the decode step; what stretches a TPOT beyond it is the prefill the engine runs between
+two of the request's tokens (prefill goes before decode), and the TPOT tail is a short answer caught by a
+burst of prompts. A request's TPOT is its step / (1 − the share of its decode time spent on prefill), so a
+decoding request keeps the objective while prefill takes at most `1 − step / (headroom × objective)` of
+the engine: that is the duty the round's metered prefill budget is scaled by (rounds.py), the step
+recovered from each sample's TPOT and the prefill the gateway sent its engine while it decoded
+(decision 0452). Until `window` samples exist the duty is 1.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from bisect import bisect_left, insort
 from collections import deque
 from itertools import islice
@@ -33,6 +45,7 @@ from gateway.admission.limits.base import Bounded, Sample
 from gateway.admission.settings import ControllerPolicy
 
 MAX_TAIL = 3.0  # a tail estimate beyond this is a handful of outliers, not the mix's shape
+MIN_DUTY = 0.2  # a step alone over the aim is the limit's to cut; the queue's prefill still moves
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -45,6 +58,8 @@ class TargetLimit(Bounded):
         super().__init__(policy, start)
         self._ratios: deque[float] = deque(maxlen=policy.tail_window)
         self._sorted: list[float] = []  # the same ratios in order: quantiles without a sort per sample
+        self._steps: deque[float] = deque(maxlen=policy.window)  # decode steps / objective
+        self._duty = 1.0
         self.aim: float | None = None  # observable: the Q90 aimed at, and the Q90 last measured
         self.recent_q90: float | None = None
 
@@ -61,6 +76,11 @@ class TargetLimit(Bounded):
             del self._sorted[bisect_left(self._sorted, self._ratios[0])]
         self._ratios.append(ratio)
         insort(self._sorted, ratio)
+        if sample.prefill_share is not None:
+            self._steps.append(sample.tpot_ratio * (1.0 - sample.prefill_share))
+            if len(self._steps) == p.window:
+                step = statistics.median(self._steps)
+                self._duty = min(1.0, max(MIN_DUTY, 1.0 - step / p.headroom))
         if len(self._ratios) < p.window:
             return
         whole = self._sorted
@@ -72,3 +92,7 @@ class TargetLimit(Bounded):
         if error > 1.0 and sample.in_flight * 2 < self.limit:
             return  # app-limited: low latency at low use says nothing about a higher limit
         self._set(self._value * error**p.gain, sample.now)
+
+    @property
+    def prefill_duty(self) -> float:
+        return self._duty
