@@ -414,6 +414,7 @@ class CompletionEndpoint:
         deadlines: Deadlines,
     ) -> None:
         relay = SSERelay(strip_usage, self.gw.estimator.count_text)
+        ticket.speech = relay.audio  # its speed is what the backend makes for it now (stage budgets)
         send = ex.send
         ex.started = True
         ex.status = 200

@@ -120,7 +120,9 @@ class Gateway:
         """Per-stage budgets for a staged kind's backends, from the pool's live budgets policy."""
         if not kind.staged:
             return None
-        return StageBook(kind, lambda: self.policy.current.admission.budgets.for_pool(pool).stages)
+        return StageBook(
+            kind, lambda: self.policy.current.admission.budgets.for_pool(pool).stages, self.clock
+        )
 
     def _pools_of_class(self, traffic_class: str) -> list[str]:
         return [name for name, p in self.pools.items() if (p.config.traffic_class or name) == traffic_class]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
 
 class Outcome(StrEnum):
@@ -58,6 +59,13 @@ class Cost:
         return self.prompt_tokens + self.expected_output_tokens
 
 
+class StreamSpeed(Protocol):
+    """What admission reads of a streaming answer's audio (the stage budgets, gateway/admission/stages.py)."""
+
+    def speed(self, now: float) -> float | None:
+        """Audio seconds per wall second the stream gets now; None before it shows one."""
+
+
 @dataclass(slots=True)
 class Usage:
     """What the backend reported (or what we counted when a stream was cut short)."""
@@ -100,6 +108,7 @@ class Ticket:
     audio_seconds: float = 0.0  # audio the answer delivered, read from its WAV headers
     rtf: float | None = None  # a stream's real-time factor (gateway/speech/meter.py)
     audio_stalls: int = 0
+    speech: StreamSpeed | None = None  # while its answer streams: its meter (gateway/speech/meter.py)
     finished_at: float | None = None
     usage: Usage | None = None  # the engine's own count, else what gateway/tenants/charge.py infers
     usage_inferred: str | None = None  # why `usage` was inferred (charge.py's reasons); None: the engine's

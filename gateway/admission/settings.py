@@ -183,10 +183,15 @@ class StagePolicy(Frozen):
     )
     encoder_batch: int | None = Field(default=None, ge=1, description="Media items waiting for one batch.")
     adaptive: bool = Field(
-        default=True, description="The talker and code2wav budgets follow the streams' real-time factor."
+        default=True,
+        description="The talker's budget follows the streams' real-time factor, code2wav's the audio rate "
+        "measured from them.",
     )
     rtf_target: float = Field(
-        default=0.8, gt=0, description="A stream whose real-time factor ends above this shrinks them."
+        default=0.8,
+        gt=0,
+        description="The real-time factor streams are kept at: speech goes while the streams fit the "
+        "measured audio rate × this; a stream that ends above it shrinks the talker's budget.",
     )
     grow_below: float = Field(
         default=0.75, gt=0, le=1, description="Grow by one after a stream below rtf_target × this, if full."

@@ -6,21 +6,30 @@ lists them: `BackendKind.capacity`, and which of them a request holds: `stages_o
 
 - **requests** stages (thinker, talker): a request holds one place from dispatch to release. Budget: the
   server's cap (or the policy's), and for the talker an adaptive budget (below).
-- **audio seconds per second** (code2wav, the serial vocoder): a request that speaks holds one real-time
-  stream — it needs one audio second per wall second to play without stutter — so the budget is the
-  vocoder's audio seconds per second: how many streams it keeps in real time. Unknown until configured;
-  then it follows the talker's adaptive budget.
+- **audio seconds per second** (code2wav, the serial vocoder, the end of the speaking side): a request
+  that speaks holds one real-time stream — it needs one audio second per wall second to play without
+  stutter — so the budget is the audio seconds per second the backend makes, in streams: a speaking
+  request is admitted while the streams held, itself included, stay within the rate measured × `rtf_target`.
+  The rate is measured, not assumed: the sum of the speeds its streams get now (each stream's audio over its
+  last few chunks, gateway/speech/meter.py), whichever stage bounds it (the vocoder, or a talker and code
+  predictor that make frames for every stream in turn); the last measured rate stands while no stream
+  shows one; before any was, only the configured rate and the talker's budget bound the streams (a
+  server whose streams never reach a client — text answers through the snapshot's talker — is never
+  measured). The measured rate grows
+  with the streams (a stage shared by more streams makes more in all, each less), so admission finds the
+  real-time level from below, within a few chunks, instead of learning it from streams that have ended.
+  A configured rate (policy or server) caps it.
 - **items per batch** (the media encoders): a request's media items are held from dispatch until its first
   byte (its encoding is done by then); the items waiting must fit one batch, and a request with more items
   than a batch goes alone.
 
 Adaptive: the thinker's budget is the server's cap; the backend's adaptive concurrency limit (which follows
 TTFT: limits.py) counts the requests that do not speak — a speaking request holds a talker place for as
-long as it speaks, seconds after its text is done, and would starve text of slots. The speaking stages
-follow the real-time factor of the streams that end: a stream slower than `rtf_target` shrinks the talker's
-and code2wav's budgets toward the number of streams that would have met it (those speaking × target / its
-RTF), by at most `decrease` per stream and never below `min_speaking`; one well inside it (below
-`rtf_target × grow_below`) while a budget had no room for another grows them by one, up to their limits.
+long as it speaks, seconds after its text is done, and would starve text of slots. The talker's budget
+follows the real-time factor of the streams that end: a stream slower than `rtf_target` shrinks it toward
+the number of streams that would have met it (those speaking × target / its RTF), by at most `decrease`
+per stream and never below `min_speaking`; one well inside it (below `rtf_target × grow_below`) while the
+budget had no room for another grows it by one, up to its limit.
 A speech request that does not fit the talker or code2wav is passed over (text behind it goes); one that
 does not fit the thinker or the encoder blocks the head like any shared budget. The stage's name is the
 reason `/admin/state` shows (`stage_talker`, …).
@@ -29,6 +38,7 @@ reason `/admin/state` shows (`stage_talker`, …).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +48,8 @@ from gateway.backends.kinds.base import BackendKind, Stage, StageUnit
 from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
 
-SPEAKING = ("talker", "code2wav")  # the stages whose pace is the stream's real-time factor
+TALKER, CODE2WAV = "talker", "code2wav"
+SPEAKING = (TALKER, CODE2WAV)  # the stages whose pace is the stream's real-time factor
 PASSABLE = frozenset(f"stage_{name}" for name in SPEAKING)
 """Misses that do not block the requests behind: text-only requests never wait for the talker."""
 
@@ -49,14 +60,22 @@ class _Backend:
     adaptive: dict[str, float] = field(default_factory=dict)  # stage → adaptive budget (speaking stages)
     held: dict[int, tuple[tuple[str, float], ...]] = field(default_factory=dict)  # id(ticket) → holds
     encoding: dict[int, float] = field(default_factory=dict)  # id(ticket) → items until its first byte
+    speakers: dict[int, Ticket] = field(default_factory=dict)  # id(ticket) → the tickets holding code2wav
+    rate: float | None = None  # audio seconds per second last measured (None: never)
 
 
 class StageBook:
     """The stage budgets of one pool's backends (one kind), and what the requests on them hold."""
 
-    def __init__(self, kind: BackendKind, policy: Callable[[], StagePolicy]) -> None:
+    def __init__(
+        self,
+        kind: BackendKind,
+        policy: Callable[[], StagePolicy],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.kind = kind
         self.policy = policy
+        self.clock = clock
         self._backends: dict[str, _Backend] = {}
 
     def _book(self, url: str) -> _Backend:
@@ -80,11 +99,30 @@ class StageBook:
         """The stage's budget on `backend` now; None: unlimited (an unknown limit)."""
         p = self.policy()
         limit = p.limit(stage.name, stage.limit)
-        if stage.name in SPEAKING and p.adaptive:
+        if stage.name == CODE2WAV and p.adaptive:
+            rate = self.measured_rate(backend)
+            if rate is None:
+                return limit
+            return rate * p.rtf_target if limit is None else min(limit, rate * p.rtf_target)
+        if stage.name == TALKER and p.adaptive:
             adaptive = self._book(backend.url).adaptive.get(stage.name)
             if adaptive is not None:
                 return adaptive if limit is None else min(limit, adaptive)
         return limit
+
+    def measured_rate(self, backend: BackendState) -> float | None:
+        """Audio seconds per second the backend makes for its streams now (the sum of their speeds), or
+        the last rate measured while none shows one; None before any was."""
+        book = self._book(backend.url)
+        now = self.clock()
+        speeds = [
+            speed
+            for ticket in book.speakers.values()
+            if ticket.speech is not None and (speed := ticket.speech.speed(now)) is not None
+        ]
+        if speeds:
+            book.rate = sum(speeds)
+        return book.rate
 
     def speaking(self, backend: BackendState) -> int:
         """Requests on `backend` that hold the talker: they are bounded by its budget, so the backend's
@@ -109,6 +147,8 @@ class StageBook:
             book.use[name] = book.use.get(name, 0.0) + amount
             if name == "encoder":
                 book.encoding[id(ticket)] = amount
+            elif name == CODE2WAV:
+                book.speakers[id(ticket)] = ticket
         book.held[id(ticket)] = holds
 
     def started(self, ticket: Ticket, url: str) -> None:
@@ -123,6 +163,7 @@ class StageBook:
         self.started(ticket, backend.url)
         book = self._book(backend.url)
         holds = book.held.pop(id(ticket), ())
+        book.speakers.pop(id(ticket), None)
         capacity = {s.name: s for s in self.kind.capacity(backend).stages}
         full = False  # a speaking stage was at its budget: a good stream then says the budget may grow
         speaking = 0.0  # streams speaking on the backend while this one ended, itself included
@@ -138,29 +179,24 @@ class StageBook:
             self._adapt(backend, book, ticket.rtf, full, speaking)
 
     def _adapt(self, backend: BackendState, book: _Backend, rtf: float, full: bool, speaking: float) -> None:
-        """A stream slower than the target: toward the streams that shared the vocoder with it, scaled by
-        how far it missed (they all got 1/rtf of real time: target/rtf of them would have met the target),
-        by at most `decrease` per stream; a fast one while a budget had no room left: one more."""
+        """The talker's budget after a stream ended. Slower than the target: toward the streams that
+        shared the talker with it, scaled by how far it missed (they all got 1/rtf of real time: target/rtf
+        of them would have met the target), by at most `decrease` per stream; a fast one while the budget
+        had no room left: one more."""
         p = self.policy()
         if not p.adaptive:
             return
-        capacity = {s.name: s for s in self.kind.capacity(backend).stages}
-        talker = capacity.get("talker")
-        ceiling = None if talker is None else p.limit("talker", talker.limit)
-        for name in SPEAKING:
-            stage = capacity.get(name)
-            if stage is None:
-                continue
-            limit = p.limit(name, stage.limit) or ceiling
-            if limit is None:
-                continue
-            current = book.adaptive.get(name, float(limit))
-            if rtf > p.rtf_target:
-                fit = speaking * p.rtf_target / rtf
-                current = max(float(p.min_speaking), min(current, max(fit, current * p.decrease)))
-            elif full and rtf < p.rtf_target * p.grow_below:
-                current = min(float(limit), current + 1.0)
-            book.adaptive[name] = current
+        talker = {s.name: s for s in self.kind.capacity(backend).stages}.get(TALKER)
+        limit = None if talker is None else p.limit(TALKER, talker.limit)
+        if limit is None:
+            return
+        current = book.adaptive.get(TALKER, float(limit))
+        if rtf > p.rtf_target:
+            fit = speaking * p.rtf_target / rtf
+            current = max(float(p.min_speaking), min(current, max(fit, current * p.decrease)))
+        elif full and rtf < p.rtf_target * p.grow_below:
+            current = min(float(limit), current + 1.0)
+        book.adaptive[TALKER] = current
 
     def snapshot(self, backend: BackendState, head: Ticket | None) -> list[dict[str, Any]]:
         """Each stage's budget and use on `backend`, and whether it blocks the head request there."""

@@ -8,13 +8,28 @@ Definitions (docs/decisions/0250-speech-through-the-relay.md):
   where lower is better makes "P99 under 1" the tail that matters.) A one-chunk answer has none.
 - **stall**: a chunk that arrives after the audio before it has finished playing, for a player that starts
   at the first chunk and resumes at each late one.
+- **speed** (while it streams): audio seconds per wall second over its last few chunks — what the server
+  makes for this stream now; admission sums it over a backend's streams (gateway/admission/stages.py).
 """
 
 from __future__ import annotations
 
+from collections import deque
+
+RECENT_CHUNKS = 6  # the speed is taken over the last five gaps: a burst of chunks read at once evens out
+
 
 class SpeechMeter:
-    __slots__ = ("_play_until", "before_last", "chunks", "first_at", "last_at", "seconds", "stalls")
+    __slots__ = (
+        "_play_until",
+        "_recent",
+        "before_last",
+        "chunks",
+        "first_at",
+        "last_at",
+        "seconds",
+        "stalls",
+    )
 
     def __init__(self) -> None:
         self.first_at: float | None = None
@@ -24,6 +39,7 @@ class SpeechMeter:
         self.chunks = 0
         self.stalls = 0
         self._play_until = 0.0
+        self._recent: deque[tuple[float, float]] = deque(maxlen=RECENT_CHUNKS)  # (arrival, seconds so far)
 
     def add(self, now: float, seconds: float) -> None:
         """One audio chunk of `seconds` reached the client at `now`."""
@@ -38,6 +54,19 @@ class SpeechMeter:
         self.seconds += seconds
         self.last_at = now
         self.chunks += 1
+        self._recent.append((now, self.seconds))
+
+    def speed(self, now: float) -> float | None:
+        """Audio seconds per wall second the stream got over its recent chunks; None before two chunks
+        came apart. A stream whose next chunk is later than its usual gap slows as the gap grows."""
+        if len(self._recent) < 2:
+            return None
+        (first_at, first_seconds), (last_at, last_seconds) = self._recent[0], self._recent[-1]
+        span = last_at - first_at
+        if span <= 0:
+            return None
+        usual_gap = span / (len(self._recent) - 1)
+        return (last_seconds - first_seconds) / max(span, now - first_at - usual_gap)
 
     @property
     def rtf(self) -> float | None:

@@ -11,13 +11,21 @@ from gateway.admission.stages import StageBook
 from gateway.backends.kinds import adapter_for
 from gateway.backends.state import BackendState
 from gateway.config import PoolConfig
+from gateway.speech.meter import SpeechMeter
 from gateway.ticket import Cost, Ticket
 from tests.admission.helpers import decision, entry
 
 pytestmark = pytest.mark.unit
 
 
-def _book(policy: StagePolicy | None = None, **server: object) -> StageBook:
+class _Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _book(policy: StagePolicy | None = None, clock: _Clock | None = None, **server: object) -> StageBook:
     pool = {
         "name": "s",
         "kind": "sglang-omni",
@@ -27,7 +35,7 @@ def _book(policy: StagePolicy | None = None, **server: object) -> StageBook:
     }
     kind = adapter_for(PoolConfig.model_validate(pool))
     p = policy or StagePolicy()
-    return StageBook(kind, lambda: p)
+    return StageBook(kind, lambda: p, clock or _Clock())
 
 
 def _backend(limit: int = 100) -> BackendState:
@@ -58,7 +66,7 @@ def test_budgets_are_the_servers_caps_and_the_policys_overrides() -> None:
 
 
 def test_a_speaking_request_holds_the_talker_and_a_real_time_stream_text_only_the_thinker() -> None:
-    book, b = _book(StagePolicy(talker=2)), _backend()
+    book, b = _book(StagePolicy(talker=2, code2wav_audio_seconds_per_s=8)), _backend()
     speaking = [_ticket("default"), _ticket("default")]
     for t in speaking:
         assert book.miss(t, b) is None
@@ -84,13 +92,13 @@ def test_media_items_wait_for_one_encoder_batch_until_the_first_byte() -> None:
     assert _book(StagePolicy(encoder_batch=4)).miss(_ticket(images=9), _backend()) is None  # alone: goes
 
 
-def test_the_speaking_budgets_follow_the_streams_real_time_factor() -> None:
+def test_the_talker_budget_follows_the_streams_real_time_factor() -> None:
     book, b = _book(StagePolicy(talker=10, rtf_target=0.8, decrease=0.5)), _backend()
     crowd = [_ticket("default", rtf=1.6) for _ in range(8)]
     for t in crowd:
         book.commit(t, b)
     book.release(crowd[0], b)  # 8 × 0.8 / 1.6 = 4 streams would have met 0.8; one step goes to 10 × 0.5
-    assert _budgets(book, b)["talker"] == 5 and _budgets(book, b)["code2wav"] == 5
+    assert _budgets(book, b)["talker"] == 5
     book.release(crowd[1], b)  # 7 × 0.8 / 1.6 = 3.5, within one step
     assert _budgets(book, b)["talker"] == 3.5
     crowd[2].rtf = 0.3
@@ -109,6 +117,45 @@ def test_the_speaking_budgets_follow_the_streams_real_time_factor() -> None:
     book.commit(fast, b)
     book.release(fast, b)  # alone at a budget of one: full, and fast
     assert _budgets(book, b)["talker"] == 2
+
+
+def _speak(meter: SpeechMeter, start: float, gap: float, chunks: int, seconds: float = 0.8) -> None:
+    for i in range(chunks):
+        meter.add(start + i * gap, seconds)
+
+
+def test_speech_is_admitted_within_the_audio_rate_its_streams_get_now() -> None:
+    """Each stream needs one audio second per wall second; the backend's rate is the sum of what its
+    streams get now, and a speaking request goes while the streams, itself included, fit rate × target."""
+    clock = _Clock()
+    book, b = _book(StagePolicy(rtf_target=0.8), clock), _backend()
+    first = _ticket("default")
+    assert book.miss(first, b) is None
+    book.commit(first, b)
+    assert book.miss(_ticket("default"), b) is None  # nothing measured: the talker's budget alone
+    first.speech = SpeechMeter()
+    _speak(first.speech, 95.0, 0.16, 6)  # 0.8 s of audio every 0.16 s: 5 audio s/s
+    clock.now = 95.8
+    assert book.measured_rate(b) == pytest.approx(5.0)
+    others = [_ticket("default") for _ in range(3)]
+    for t in others:  # 4 × 1 ≤ 5 × 0.8
+        assert book.miss(t, b) is None
+        book.commit(t, b)
+    assert book.miss(_ticket("default"), b) == "stage_code2wav"
+    assert book.miss(_ticket(), b) is None  # text passes
+    for t in (first, *others):  # shared four ways: 2.5 audio s/s each, 10 in all: room for 8 streams
+        t.speech = SpeechMeter()
+        _speak(t.speech, 96.0, 0.32, 6)
+    clock.now = 97.6
+    assert book.measured_rate(b) == pytest.approx(10.0)
+    assert _budgets(book, b)["code2wav"] == 8
+    clock.now = 97.6 + 0.32 * 3  # no chunk for three usual gaps: each stream's speed falls
+    assert book.measured_rate(b) == pytest.approx(4 * 4.0 / (1.6 + 0.64))
+    for t in (first, *others):
+        book.release(t, b)
+    # what the streams left got, measured as each ended; it stands while no stream shows a speed
+    assert book.measured_rate(b) == pytest.approx(4.0 / (1.6 + 0.64))
+    assert _budgets(_book(StagePolicy(code2wav_audio_seconds_per_s=6), clock), b)["code2wav"] == 6
 
 
 def test_the_dispatcher_lets_text_pass_a_speech_request_waiting_for_the_talker() -> None:

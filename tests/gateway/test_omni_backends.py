@@ -106,7 +106,7 @@ def test_the_probe_reads_the_health_snapshot_and_names_the_missing_signals(sims,
         {"stage": "code2wav", "unit": "audio_seconds_per_s", "limit": None},
     ]
     assert all(s["use"] == 0 and not s["blocks_head"] for s in entry["stages"])
-    assert [s["budget"] for s in entry["stages"]][2:] == [16, None]  # the talker's cap; code2wav unknown
+    assert [s["budget"] for s in entry["stages"]][2:] == [16, None]  # the talker's cap; code2wav unmeasured
     assert sorted(entry["missing_signals"]) == ["kv_capacity", "kv_usage", "queued"]
     assert (
         entry["missing_signals"]["kv_capacity"] == "sglang-omni exposes no KV signal: the KV watermark is off"
