@@ -343,12 +343,13 @@ class CompletionEndpoint:
 
     def _sent(self, ticket: Ticket, backend: BackendState) -> None:
         """The request's body is going out to the engine: from now it is charged, and its prefill is
-        predicted behind those sent before it (gateway/backends/progress.py)."""
+        predicted (gateway/backends/progress.py) at the fastest plausible rate, so that a wrong prediction
+        charges a prefill rather than lets one off."""
         if ticket.reached_engine:  # called for every chunk of the body
             return
         ticket.reached_engine = True
         now = self.gw.clock()
-        backend.progress.sent(ticket, now, self.gw.schedulers[backend.pool].rate.at(now))
+        backend.progress.sent(ticket, now, self.gw.schedulers[backend.pool].rate.nominal(now))
 
     def _failed(self, ticket: Ticket, pool: Pool, lease: Lease, e: UpstreamError) -> ApiError:
         """A relay that ended without its answer: the outcome and the circuit as the backend's kind judges
@@ -426,6 +427,7 @@ class CompletionEndpoint:
             }
         )
         clock = self.gw.clock
+        progress = lease.backend.progress
         try:
             with upstream.guard(deadlines) as dog:
                 out = relay.feed(upstream.first, clock())
@@ -434,7 +436,9 @@ class CompletionEndpoint:
                 dog.reading()
                 async for chunk in upstream.chunks():
                     dog.relaying()
-                    out = relay.feed(chunk, clock())
+                    now = clock()
+                    progress.output(now)  # the engine is between prefills
+                    out = relay.feed(chunk, now)
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                     dog.reading()
@@ -467,4 +471,11 @@ class CompletionEndpoint:
                     int(relay.usage.get("prompt_tokens") or 0), int(relay.usage.get("completion_tokens") or 0)
                 )
             else:  # cut short, or a backend that never sends usage: charge what was relayed
-                infer(ticket, relay.answer_tokens())
+                answer = relay.answer_tokens()
+                if ticket.outcome == Outcome.PENDING and relay.last_token_at is not None:
+                    # the client left: and what the engine decoded after the last token relayed, within
+                    # its max_tokens
+                    decoded = answer + progress.decoded(relay.last_token_at, ticket.finished_at)
+                    cap = ticket.cost.max_output_tokens or decoded
+                    answer = max(answer, min(decoded, cap))
+                infer(ticket, answer)

@@ -76,6 +76,11 @@ class PrefillRate:
             self._estimate()
         return self.tokens_per_s
 
+    def nominal(self, now: float) -> float:
+        """The engine's own rate, not the queue-polluted measure: the larger of the measured rate and the
+        policy prior (a request that goes next; the fastest plausible prefill)."""
+        return max(self.at(now), self.policy.initial_prefill_tokens_per_s)
+
     def _expire(self, now: float) -> bool:
         cutoff = now - self.policy.prefill_rate_max_age_s
         expired = False
@@ -233,11 +238,7 @@ class QueueGuard:
         head (the queue prediction then decides alone), yes past it (only the prefill prediction speaks)."""
         if wait is None:
             return entries_ahead > 0
-        return wait == 0.0 or now + wait + entry.prompt_tokens / self._nominal(now) <= entry.deadline
-
-    def _nominal(self, now: float) -> float:
-        """The prefill rate of a request that goes next: the engine's, not the queue-polluted measure."""
-        return max(self.rate.at(now), self.rate.policy.initial_prefill_tokens_per_s)
+        return wait == 0.0 or now + wait + entry.prompt_tokens / self.rate.nominal(now) <= entry.deadline
 
     def _deadline_refusal(self, entry: Entry, now: float, p: Prediction, wait: float | None) -> ApiError:
         """429 `slo_unattainable` while the pool has its whole capacity (the client asks more than it
@@ -248,7 +249,7 @@ class QueueGuard:
         first = p.first_token
         slot = "no slot turnover measured"
         if wait is not None:
-            first = max(first, now + wait + entry.prompt_tokens / self._nominal(now))
+            first = max(first, now + wait + entry.prompt_tokens / self.rate.nominal(now))
             slot = f"a slot free in {wait:.3f}s"
         budget = entry.slo.deadline_budget_s
         said = (

@@ -4,13 +4,15 @@ gateway/tenants/charge.py).
 
 The gateway sees no engine's waiting queue, so it predicts it per backend, as SGLang's scheduler runs it:
 the engine prefills in batches — one runs, and every request that arrives meanwhile waits to join the next,
-which starts when the running one ends — at the pool's measured prefill rate. A request sent to an engine
-with no prefill running starts at once; otherwise with the next batch. A stream's first byte, which comes
-when its batch ends, ends the running batch there (the next one starts then); a request the engine
-refused, or dropped before its batch started, leaves its batch. Decoding runs at the backend's recent
-per-token time (`token_s`), learned from the answers it finished. All of it is this replica's view:
-prefills another replica sent are not in it, so it predicts prefills to start early — a request is then
-charged its prompt, never let off.
+which starts when the running one ends — at the fastest plausible prefill rate. A request sent to an
+engine with no prefill running starts at once; otherwise with the next batch. A stream's first byte, which
+comes when its batch ends, ends the running batch there (the next one starts then), and so does any
+stream's output (the engine emits no tokens while it prefills); a request the engine refused, or dropped
+before its batch started, leaves its batch. The prediction errs towards charging: a request is let off
+only when the batch ahead of it would still run even had it ended as much sooner than predicted as recent
+batches were seen to (`early_s`). Decoding runs at the backend's recent per-token time (`token_s`), learned
+from the answers it finished. All of it is this replica's view: prefills another replica sent are not in
+it, so it predicts prefills to start early — a request is then charged its prompt, never let off.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class EngineProgress:
     running_until: float = 0.0  # and when it is predicted to end
     next_s: float = 0.0  # the prefill seconds waiting to start as the next batch, at `running_until`
     token_s: float | None = None  # seconds per generated token, recent answers; None until one finished
+    early_s: float = 0.0  # how much sooner than predicted recent batches were seen to end
 
     def _advance(self, now: float) -> None:
         """The next batch starts once the running one ends."""
@@ -54,18 +57,38 @@ class EngineProgress:
         if ticket.prefill is None:
             return
         if ticket.prefill.batch == self.batch:  # the running batch: the next one starts now
-            self.running_until = at
-            self._advance(at)
+            self._ended(at)
         elif ticket.prefill.batch == self.batch + 1 and self.next_s:  # the next one ran already
+            self._early(self.running_until + self.next_s - at)
             self.batch += 1
             self.running_from, self.running_until = min(self.running_until, at), at
             self.next_s = 0.0
 
+    def output(self, at: float) -> None:
+        """A stream's tokens came at `at`: the engine emits none while it prefills, so a batch predicted to
+        have started more than a decode step earlier is over (one step's outputs come together: a batch
+        started within one of them may be the next, not yet shown)."""
+        if self.token_s is not None and self.running_from + self.token_s < at < self.running_until:
+            self._ended(at)
+
+    def _ended(self, at: float) -> None:
+        """The running batch was seen to end at `at`; the next one starts then."""
+        self._early(self.running_until - at)
+        self.running_until = at
+        self._advance(at)
+
+    def _early(self, seconds: float) -> None:
+        self.early_s += PACE_WEIGHT * (max(0.0, seconds) - self.early_s)
+
     def reached(self, ticket: Ticket, now: float) -> bool:
-        """Whether the engine is predicted to have started the request's prefill by `now`; when not, it
-        drops the request without a prefill, and the next batch goes without it."""
+        """Whether the engine may have started the request's prefill by `now` — the batch ahead of it ended
+        even if it ran as much sooner than predicted as recent batches did (`early_s`: a wrong prediction
+        charges a prefill rather than lets one off); when not, the engine drops the request without a
+        prefill, and the next batch goes without it."""
         self._advance(now)
         if ticket.prefill is None or ticket.prefill.batch <= self.batch:
+            return True
+        if ticket.prefill.batch == self.batch + 1 and now + self.early_s >= self.running_until:
             return True
         self.dropped(ticket, now)
         return False
@@ -85,11 +108,18 @@ class EngineProgress:
         the first, each decode step one more, up to its `max_tokens`. 0 before any answer was timed."""
         if self.token_s is None or ticket.prefill is None:
             return 0
-        decoding = now - (ticket.prefill.at + ticket.prefill.seconds)
-        if decoding < 0:
+        prefilled = ticket.prefill.at + ticket.prefill.seconds
+        if now < prefilled:
             return 0
-        tokens = 1 + int(decoding / self.token_s)
+        tokens = 1 + self.decoded(prefilled, now)
         return min(tokens, ticket.cost.max_output_tokens) if ticket.cost.max_output_tokens else tokens
+
+    def decoded(self, since: float, now: float) -> int:
+        """Decode steps the engine is predicted to have run from `since` to `now` (0 before any answer
+        was timed)."""
+        if self.token_s is None or now <= since:
+            return 0
+        return int((now - since) / self.token_s)
 
     def answered(self, seconds_per_token: float) -> None:
         """One finished answer's time per generated token."""

@@ -126,6 +126,35 @@ def test_a_first_byte_ends_its_batch_and_starts_the_next() -> None:
     assert (progress.batch, progress.running_until) == (3, 11.0)
 
 
+def test_output_after_a_batch_started_shows_it_over() -> None:
+    progress = EngineProgress()
+    progress.output(10.5)  # no decode pace yet: no evidence
+    _sent(progress, 10.0)
+    waiting = _sent(progress, 10.1)
+    progress.output(10.5)
+    assert progress.running_until == 11.0
+    progress.answered(0.02)
+    progress.output(10.01)  # within a decode step of the batch's start: may have been sent before it
+    assert progress.running_until == 11.0
+    progress.output(10.5)  # the engine decodes: the batch is over and the next one runs
+    assert (progress.batch, progress.running_from, progress.running_until) == (2, 10.5, 11.5)
+    assert progress.reached(waiting, 10.6)
+    progress.output(10.51)  # the same step's other outputs: the batch that just started stays
+    assert progress.running_until == 11.5
+
+
+def test_a_request_is_let_off_only_if_its_batch_would_wait_even_as_early_as_recent_batches_ended() -> None:
+    progress = EngineProgress()
+    first = _sent(progress, 10.0)
+    progress.first_token(first, 10.6)  # ended 0.4 s sooner than predicted
+    assert progress.early_s == pytest.approx(0.2 * 0.4)
+    _sent(progress, 20.0)  # a batch predicted to run to 21.0
+    queued = _sent(progress, 20.1)
+    assert not progress.reached(queued, 20.9)  # 20.9 + 0.08 is still before 21.0
+    again = _sent(progress, 20.9)
+    assert progress.reached(again, 20.95)  # the batch ahead may have ended by now
+
+
 def test_a_request_the_engine_refused_leaves_its_batch() -> None:
     progress = EngineProgress()
     alone, queued = _sent(progress, 10.0), _sent(progress, 10.2)
@@ -173,6 +202,13 @@ def test_a_whole_answer_left_mid_generation_pays_the_tokens_decoded_at_the_measu
     late = _sent(progress, 20.0, stream=False)
     left_waiting(late, progress, 100.0, runs_on=False)
     assert late.usage == Usage(1000, 50)  # never more than its max_tokens
+
+
+def test_decode_steps_since_a_moment_follow_the_pace() -> None:
+    progress = EngineProgress()
+    assert progress.decoded(10.0, 11.0) == 0  # no pace measured yet
+    progress.answered(0.02)
+    assert (progress.decoded(10.0, 10.07), progress.decoded(10.0, 9.0)) == (3, 0)
 
 
 def test_a_whole_answer_is_charged_its_prompt_until_a_pace_was_measured() -> None:

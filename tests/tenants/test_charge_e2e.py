@@ -165,6 +165,60 @@ def test_clients_leaving_during_prefill_pay_for_the_prefill(stack: ExitStack, tm
     assert today["output_tokens"] <= sum(w["generated"] for w in served)
 
 
+def test_the_issues_probe_against_the_demos_engines_pays_what_they_prefilled(
+    stack: ExitStack, tmp_path: Path
+) -> None:
+    """The issue's probe as it was run against `omnigate demo --no-load` (two engines at a GPU's speed):
+    five streams of four 1920x1080 images each, every client gone 0.35 s after sending. Each engine
+    started the first it got at once; the others waited behind that prefill and were dropped unprefilled
+    when their clients left (so the engines prefilled two of the five prompts, not the five the issue
+    assumed). The ledger charges the prompts the engines prefilled (as it priced them) — before, it
+    charged none."""
+    procs = stack.enter_context(closing(Processes(tmp_path)))
+    sims = [procs.sim("--model", MODEL, "--seed", str(i), name=f"sim-{i}") for i in (1, 2)]
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\n")
+    urls = [sim.url for sim in sims]
+    pool = {"name": "interactive", "models": [MODEL], "backends": urls, "health_interval_s": 0.2}
+    config = gateway_config(
+        urls,
+        policy,
+        pools=[pool],
+        auth={"required": True},
+        tenants=[{"id": "alice", "name": "Alice", "keys": [KEY]}],
+    )
+    gw = stack.enter_context(serve(create_app(config))).url
+    image = _png(1920, 1080)
+    parts = [{"type": "text", "text": "Compare these four screenshots."}]
+    parts += [{"type": "image_url", "image_url": {"url": image}}] * 4
+    body = {"model": MODEL, "messages": [{"role": "user", "content": parts}], "stream": True}
+    ids = [f"demo-{uuid.uuid4().hex}" for _ in range(5)]
+
+    async def leave(client: httpx.AsyncClient, request_id: str) -> None:
+        headers = {"authorization": f"Bearer {KEY}", "x-request-id": request_id}
+        with anyio.move_on_after(0.35):
+            async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as resp:
+                async for _ in resp.aiter_raw():
+                    pass
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=gw, timeout=30) as client, anyio.create_task_group() as tg:
+            for request_id in ids:
+                tg.start_soon(leave, client, request_id)
+
+    anyio.run(run)
+    today = wait_for(lambda: _settled(gw, 5), timeout=20)
+    assert today is not None, _today(gw)["today"]
+    work: dict[str, Any] = {}
+    for sim in sims:
+        work.update(httpx.get(sim.url + "/sim/work", timeout=10).json())
+    served = [work[i] for i in ids if i in work]
+    assert len(served) == 5
+    engine_prompt = sum(w["prompt_tokens"] for w in served if w["prefilled"])
+    assert engine_prompt >= 2 * 4 * 1000  # at least the first on each engine: ~4,900 prompt tokens each
+    assert abs(today["input_tokens"] - engine_prompt) <= 0.01 * engine_prompt  # the gateway's price of them
+
+
 def test_a_cut_stream_is_charged_by_its_tokens(stack: ExitStack, tmp_path: Path) -> None:
     """The engine drops the connection after 40 tokens, sent several to a chunk: the charge counts the
     answer's tokens (the engine's own count, within the text counter's error), not its chunks."""
