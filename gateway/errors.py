@@ -65,6 +65,7 @@ class ErrorCode(StrEnum):
     RPM_EXCEEDED = "requests_per_minute_exceeded"
     AUDIO_SPM_EXCEEDED = "audio_seconds_per_minute_exceeded"
     CONCURRENCY_EXCEEDED = "concurrent_requests_exceeded"
+    QUEUED_EXCEEDED = "queued_requests_exceeded"
     DAILY_BUDGET_EXCEEDED = "daily_token_budget_exceeded"
     MONTHLY_BUDGET_EXCEEDED = "monthly_token_budget_exceeded"
     QUOTA_STORE_UNAVAILABLE = "quota_store_unavailable"

@@ -163,7 +163,7 @@ class CompletionEndpoint:
         try:
             self.gw.drain.refuse_if_draining()
             tenant = await self.gw.authenticate(request)
-            ticket.tenant = tenant.id
+            ticket.tenant, ticket.max_queued = tenant.id, tenant.quotas.max_queued
             raw = await read_body(request, self.gw.config.limits.max_body_bytes)
             parsed = parse_request(raw, self.endpoint)
             ticket.model, ticket.stream, ticket.endpoint = parsed.model, parsed.stream, parsed.endpoint

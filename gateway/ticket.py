@@ -119,6 +119,7 @@ class Ticket:
     error: str | None = None  # what went wrong, for the access log and failure alerts
     error_status: int | None = None  # the failure's status when the client already got 200 (mid-stream)
     rate_limits: dict[str, str] | None = None  # the tenant's x-ratelimit-* headers after admission
+    max_queued: int | None = None  # the tenant's requests that may wait in a pool's queue (its quota)
 
     @property
     def queue_seconds(self) -> float:

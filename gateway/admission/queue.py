@@ -93,6 +93,10 @@ class SLOQueue:
     def __len__(self) -> int:
         return self._len
 
+    def depth_of(self, tenant: str) -> int:
+        """The tenant's requests waiting here."""
+        return self._tenant_depth.get(tenant, 0)
+
     def as_of(self, now: float, lifo_after_fraction: float | None) -> None:
         """Order as of the decision at `now`, under the policy's adaptive-LIFO threshold."""
         self.now = now

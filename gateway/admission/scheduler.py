@@ -153,6 +153,16 @@ class PoolScheduler:
         if victim is not None:
             self._fail(victim, displaced_error())
         self.pump()
+        if entry.queued and not requeued and self._over_max_queued(ticket):
+            self._abandon(entry, waiter)
+            self.guard.rejections[(ErrorCode.QUEUED_EXCEEDED, ticket.traffic_class)] += 1
+            raise ApiError(
+                429,
+                f"Tenant {ticket.tenant} already has {ticket.max_queued} request(s) waiting in pool "
+                f"{self.pool} (max_queued).",
+                code=ErrorCode.QUEUED_EXCEEDED,
+                retry_after=1.0,
+            )
         try:
             await waiter.event.wait()
         except BaseException:
@@ -412,6 +422,10 @@ class PoolScheduler:
         """The queue's standing of a tenant, judged by the last decision (none yet: nobody is under)."""
         ctx = self._ctx
         return ctx is not None and self.dispatcher.standing.under_share(band, tenant, ctx)
+
+    def _over_max_queued(self, ticket: Ticket) -> bool:
+        """The tenant's `max_queued` quota: more of its requests would wait here than it allows."""
+        return ticket.max_queued is not None and self.queue.depth_of(ticket.tenant) > ticket.max_queued
 
     def _weight(self, settings: AdmissionSettings, tenant: str) -> float:
         weight = settings.fairness.weights.get(tenant)

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.e2e
 MODEL = "surface-model"
 ALIAS = "gpt-4o-mini"
 KEY, EXACT_KEY, TIGHT_KEY = "sk-surface", "sk-surface-exact", "sk-surface-tight"
+NO_WAIT_KEY = "sk-surface-no-wait"
 RPM, TPM = 60, 120_000
 MESSAGES = [{"role": "user", "content": "Tell me about the harbour."}]
 
@@ -132,7 +133,10 @@ def one_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]
     tmp = tmp_path_factory.mktemp("one-slot")
     policy = "version: 1\ncontroller: {algorithm: fixed, initial: 1, min: 1, max: 1}\n"
     (tmp / "policy.yaml").write_text(policy)
-    tenants = [{"id": "surface", "keys": [KEY], "quotas": {"rpm": RPM, "total_tpm": TPM}}]
+    tenants = [
+        {"id": "surface", "keys": [KEY], "quotas": {"rpm": RPM, "total_tpm": TPM}},
+        {"id": "surface-no-wait", "keys": [NO_WAIT_KEY], "quotas": {"rpm": RPM, "max_queued": 0}},
+    ]
     with ExitStack() as stack:
         sim = stack.enter_context(serve(create_sim(SimConfig(model=MODEL, time_scale=1.0, seed=9))))
         config = parse_config(
@@ -172,6 +176,26 @@ def test_a_429_from_the_queue_carries_the_headers_too(one_slot: ServerThread) ->
     assert limits["x-ratelimit-limit-requests"] == str(RPM)
     assert int(limits["x-ratelimit-remaining-requests"]) in (RPM - 2, RPM - 1)  # both reserved; a refill
     assert limits["x-ratelimit-limit-tokens"] == str(TPM)
+
+
+def test_a_tenant_over_its_max_queued_is_refused_with_its_own_429(one_slot: ServerThread) -> None:
+    """`max_queued: 0`: a request that would have to wait for the only slot is refused at once, with the
+    tenant's limits; one that can start at once is served."""
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    no_wait = {"authorization": f"Bearer {NO_WAIT_KEY}"}
+    with httpx.Client(base_url=one_slot.url, timeout=30) as client:
+        short = {**body, "max_tokens": 3, "stream": False}
+        assert client.post("/v1/chat/completions", json=short, headers=no_wait).status_code == 200
+        with client.stream(
+            "POST", "/v1/chat/completions", json=body, headers={"authorization": f"Bearer {KEY}"}
+        ) as holding:
+            chunks = holding.iter_raw()  # kept: a dropped iterator closes the stream
+            next(chunks)  # it runs for 400 tokens: the slot is taken
+            refused = client.post("/v1/chat/completions", json=short, headers=no_wait)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "queued_requests_exceeded"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.headers["x-ratelimit-limit-requests"] == str(RPM)
 
 
 def test_named_priorities_beside_integers(gateway: ServerThread) -> None:
