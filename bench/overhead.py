@@ -289,10 +289,14 @@ def _default_policy_lines(kind: str, results: Results, top: dict[str, Result]) -
     if w1 and w2 and w1["rps"]:
         ratio = w2["rps"] / w1["rps"]
         verdict = f": {_verdict(ratio >= 1.6)} the ≥ 1.6× target" if whole else ""
-        lines.append(
-            f"{kind:6}: max req/s 2 workers / 1 worker = {w2['rps']:.0f}/{w1['rps']:.0f} "
-            f"= {ratio:.2f}×{verdict}"
-        )
+        rps = f"{w2['rps']:.0f}/{w1['rps']:.0f}"
+        lines.append(f"{kind:6}: max req/s 2 workers / 1 worker = {rps} = {ratio:.2f}×{verdict}")
+        c1, c2 = w1["proxy_cpu"], w2["proxy_cpu"]
+        if c1 and c2 / c1 < 1.6:  # CPU per request is about the same: the ratio follows the cores given
+            lines.append(
+                f"{kind:6}:   ... with {c2 / c1:.2f}× the CPU one worker had ({c2 * 100:.0f} % against "
+                f"{c1 * 100:.0f} % of a core): the box's free cores, not the workers, set that ratio"
+            )
     lite = top.get("litellm")
     if lite and lite["rps"]:
         for name in ("default", "default·redis×2"):
