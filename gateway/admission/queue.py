@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from gateway.admission.fairness import VirtualTokenCounters
@@ -150,8 +150,14 @@ class SLOQueue:
     def ordered(self) -> Iterator[Entry]:
         for band in sorted(self._bands, reverse=True):
             tenants = self._bands[band]
-            for tenant in sorted(tenants, key=lambda t: self._tenant_key(band, t, self.counters.counter(t))):
+            for tenant in self._tenant_order(band, tenants):
                 yield from self._service_order(tenants[tenant])
+
+    def _tenant_order(self, band: int, tenants: dict[str, list[Entry]]) -> Iterable[str]:
+        """A band's tenants in service order; a lone tenant needs no standing (the usual case at low load)."""
+        if len(tenants) == 1:
+            return tenants
+        return sorted(tenants, key=lambda t: self._tenant_key(band, t, self.counters.counter(t)))
 
     def _service_order(self, entries: list[Entry]) -> list[Entry]:
         """One tenant's entries at one band (kept in EDF order) in the order they are served (LIFO under
@@ -200,6 +206,8 @@ class SLOQueue:
 
     def ahead_of(self, entry: Entry) -> tuple[int, int]:
         """(entries, prefill tokens) dispatched before `entry` (queued or a candidate), as `projected`."""
+        if not self._len:  # a candidate alone: nothing goes first
+            return 0, 0
         return next((i, ahead) for i, (e, ahead) in enumerate(self.projected(entry)) if e is entry)
 
     def projected(self, candidate: Entry | None = None) -> Iterator[tuple[Entry, int]]:
@@ -226,7 +234,8 @@ class SLOQueue:
         ahead = 0
         for band in sorted(bands, reverse=True):
             tenants = {t: self._service_order(lst) for t, lst in bands[band].items()}
-            heap = [(self._tenant_key(band, t, counters[t]), 0) for t in tenants]
+            key = self._tenant_key if len(tenants) > 1 else _alone  # a lone tenant's key orders nothing
+            heap = [(key(band, t, counters[t]), 0) for t in tenants]
             heapq.heapify(heap)
             while heap:
                 (over, _, tenant), i = heapq.heappop(heap)
@@ -261,6 +270,11 @@ class SLOQueue:
         """The longest-waiting entry, of one band or of all."""
         entries = self.entries() if band is None else self.band_entries(band)
         return min(entries, key=lambda e: e.enqueued_at, default=None)
+
+
+def _alone(band: int, tenant: str, counter: float) -> tuple[bool, float, str]:
+    """The heap key of a band's only tenant: compared with nothing, so its standing is not asked."""
+    return (False, counter, tenant)
 
 
 def _decrement(counts: dict[str, int], key: str) -> None:
