@@ -163,7 +163,9 @@ class StageBook:
         self.started(ticket, backend.url)
         book = self._book(backend.url)
         holds = book.held.pop(id(ticket), ())
-        book.speakers.pop(id(ticket), None)
+        if id(ticket) in book.speakers:
+            self.measured_rate(backend)  # with this stream's last speed: the rate that stands after it
+            del book.speakers[id(ticket)]
         capacity = {s.name: s for s in self.kind.capacity(backend).stages}
         full = False  # a speaking stage was at its budget: a good stream then says the budget may grow
         speaking = 0.0  # streams speaking on the backend while this one ended, itself included

@@ -167,3 +167,21 @@ def test_a_plain_sglang_pool_has_no_speech_route(start_gateway, tmp_path) -> Non
         group.close()
     assert answer.status_code == 404
     assert answer.json()["error"]["code"] == "route_not_served"
+
+
+def test_speech_is_admitted_by_the_audio_rate_its_streams_were_measured_to_get(speech_pool) -> None:
+    """The relay's meter reaches admission: code2wav has no budget until a stream shows its speed, then
+    the measured rate × rtf_target (the last rate standing once the stream is done)."""
+    gw, _ = speech_pool
+
+    def code2wav() -> dict[str, Any]:
+        return next(s for s in backends(gw)[0]["stages"] if s["stage"] == "code2wav")
+
+    assert code2wav()["budget"] is None
+    body = {"model": MODEL, "voice": "default", "input": TEXT, "stream": True}
+    with httpx.stream("POST", gw + "/v1/audio/speech", json=body, timeout=30) as response:
+        chunks = sum(1 for line in response.iter_lines() if '"audio": {' in line)
+    assert chunks >= 3
+    assert wait_for(lambda: code2wav()["use"] == 0)
+    budget = code2wav()["budget"]
+    assert budget is not None and budget > 0
