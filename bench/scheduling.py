@@ -697,7 +697,11 @@ async def beside_offline(
 
 
 SPEECH_MIX = {"text": 4, "audio_out": 3, "speech": 3}
-SPEECH_CAPACITY_RPS = 5.0  # requests/s the omni server keeps within the speech SLO (--speech-capacity)
+# Requests/s of the speech mix the simulated `later` server keeps in real time (--speech-capacity): its
+# talker makes one frame (80 ms of audio) for each of B streams per 8 + 4·B ms, so a stream plays at
+# RTF 0.1 + 0.05·B and real time ends at B = 18; a speaking answer is ~17 s of audio; by Little's law
+# 18 = 0.6·λ·17 s·RTF(18) gives λ ≈ 1.8 (60 % of the mix speaks; text runs on the thinker alone).
+SPEECH_CAPACITY_RPS = 1.8
 TTFA_SLO_S, RTF_SLO = 2.0, 1.0
 
 
