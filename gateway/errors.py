@@ -68,6 +68,8 @@ class ErrorCode(StrEnum):
     QUEUED_EXCEEDED = "queued_requests_exceeded"
     DAILY_BUDGET_EXCEEDED = "daily_token_budget_exceeded"
     MONTHLY_BUDGET_EXCEEDED = "monthly_token_budget_exceeded"
+    DAILY_AUDIO_BUDGET_EXCEEDED = "daily_audio_budget_exceeded"
+    MONTHLY_AUDIO_BUDGET_EXCEEDED = "monthly_audio_budget_exceeded"
     QUOTA_STORE_UNAVAILABLE = "quota_store_unavailable"
     # admission
     SLO_UNATTAINABLE = "slo_unattainable"
@@ -109,6 +111,8 @@ _REASON_OF_CODE: dict[str | None, RejectionReason] = {
     ErrorCode.QUEUE_TIMEOUT: RejectionReason.QUEUE_FULL,
     ErrorCode.DAILY_BUDGET_EXCEEDED: RejectionReason.BUDGET,
     ErrorCode.MONTHLY_BUDGET_EXCEEDED: RejectionReason.BUDGET,
+    ErrorCode.DAILY_AUDIO_BUDGET_EXCEEDED: RejectionReason.BUDGET,
+    ErrorCode.MONTHLY_AUDIO_BUDGET_EXCEEDED: RejectionReason.BUDGET,
     ErrorCode.SHUTTING_DOWN: RejectionReason.SHUTTING_DOWN,
 }
 CAPACITY_REJECTIONS = frozenset(

@@ -36,6 +36,8 @@ QUOTA_FLAGS = (
     "max_queued",
     "daily_tokens",
     "monthly_tokens",
+    "daily_audio_seconds",
+    "monthly_audio_seconds",
 )
 
 

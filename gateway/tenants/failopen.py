@@ -6,7 +6,8 @@ full buckets:
 - per-minute limit L: a local bucket of capacity L/N that starts at (last known level)/N, so all N
   replicas together start where the shared bucket was and refill at its rate;
 - concurrency: max_concurrent/N (at least 1);
-- day/month budget B with U used when last seen: the local ledger starts at U and may grow by (B − U)/N.
+- day/month budget B with U used when last seen: the local ledger starts at U and may grow by (B − U)/N
+  (tokens, and audio seconds for the audio budgets).
 A tenant never seen by this replica (no known state) starts from full buckets and an empty ledger: its
 share of a full quota.
 """
@@ -27,6 +28,8 @@ class Known:
     used_day: int
     used_month: int
     at: float
+    audio_day_ms: int = 0  # audio spoken today / this month, for the audio budgets
+    audio_month_ms: int = 0
 
 
 def share(quotas: Quotas, replicas: int, known: Known | None) -> Quotas:
@@ -39,8 +42,13 @@ def share(quotas: Quotas, replicas: int, known: Known | None) -> Quotas:
         limit = getattr(quotas, name)
         if limit is not None:
             update[name] = max(1, limit // n)
-    used_day, used_month = (known.used_day, known.used_month) if known else (0, 0)
-    for name, used in (("daily_tokens", used_day), ("monthly_tokens", used_month)):
+    k = known or Known({}, 0, 0, 0.0)
+    for name, used in (
+        ("daily_tokens", k.used_day),
+        ("monthly_tokens", k.used_month),
+        ("daily_audio_seconds", k.audio_day_ms // 1000),
+        ("monthly_audio_seconds", k.audio_month_ms // 1000),
+    ):
         budget = getattr(quotas, name)
         if budget is not None:
             update[name] = max(1, used + max(0, budget - used) // n)
@@ -54,5 +62,5 @@ def seed(book: QuotaBook, tenant_id: str, replicas: int, known: Known | None) ->
     n = max(1, replicas)
     # stamped when seen: the buckets refill from then, as the shared ones did
     book.buckets[tenant_id] = {name: Bucket(level / n, known.at) for name, level in known.levels.items()}
-    book.days[(tenant_id, day_of(known.at))] = LedgerRow(known.used_day, 0, 0)
-    book.months[(tenant_id, month_of(known.at))] = LedgerRow(known.used_month, 0, 0)
+    book.days[(tenant_id, day_of(known.at))] = LedgerRow(known.used_day, 0, 0, known.audio_day_ms)
+    book.months[(tenant_id, month_of(known.at))] = LedgerRow(known.used_month, 0, 0, known.audio_month_ms)

@@ -45,6 +45,12 @@ class Quotas(Frozen):
     max_queued: int | None = Field(default=None, ge=0, description="Requests waiting in one replica's queue.")
     daily_tokens: int | None = Field(default=None, ge=1, description="Token budget per UTC day.")
     monthly_tokens: int | None = Field(default=None, ge=1, description="Token budget per UTC calendar month.")
+    daily_audio_seconds: int | None = Field(
+        default=None, ge=1, description="Audio seconds answers may speak per UTC day."
+    )
+    monthly_audio_seconds: int | None = Field(
+        default=None, ge=1, description="Audio seconds answers may speak per UTC calendar month."
+    )
 
 
 class _Editable(BaseModel):
@@ -101,6 +107,8 @@ class QuotasPatch(BaseModel):
     max_queued: int | None = Field(default=None, ge=0)
     daily_tokens: int | None = Field(default=None, ge=1)
     monthly_tokens: int | None = Field(default=None, ge=1)
+    daily_audio_seconds: int | None = Field(default=None, ge=1)
+    monthly_audio_seconds: int | None = Field(default=None, ge=1)
 
     def apply(self, quotas: Quotas) -> Quotas:
         return quotas.model_copy(update=self.model_dump(exclude_unset=True))

@@ -14,6 +14,8 @@ Formulas (the Redis Lua script in redis_scripts.py is a line-by-line port; keep 
 - The day/month ledger counts audio in whole milliseconds (`audio_ms`), so every store adds integers.
 - Budgets: tokens used in the UTC day / month, including open reservations; admission needs
   used + min(total, budget) <= budget; Retry-After runs to the next UTC midnight / first of the month.
+  The audio budgets (`daily_audio_seconds`, `monthly_audio_seconds`) do the same in audio milliseconds and,
+  like `audio_spm`, hold back only requests that speak.
 - Concurrency: requests admitted and not yet finished; Retry-After is a nominal poll interval.
 When several limits deny, the one with the longest wait is reported: that is when all of them clear.
 """
@@ -39,6 +41,8 @@ LIMIT_CODES = {
     "max_concurrent": ErrorCode.CONCURRENCY_EXCEEDED,
     "daily_tokens": ErrorCode.DAILY_BUDGET_EXCEEDED,
     "monthly_tokens": ErrorCode.MONTHLY_BUDGET_EXCEEDED,
+    "daily_audio_seconds": ErrorCode.DAILY_AUDIO_BUDGET_EXCEEDED,
+    "monthly_audio_seconds": ErrorCode.MONTHLY_AUDIO_BUDGET_EXCEEDED,
 }
 LIMIT_TEXT = {
     "input_tpm": "input tokens per minute",
@@ -49,6 +53,8 @@ LIMIT_TEXT = {
     "max_concurrent": "concurrent requests",
     "daily_tokens": "daily token budget",
     "monthly_tokens": "monthly token budget",
+    "daily_audio_seconds": "daily audio budget",
+    "monthly_audio_seconds": "monthly audio budget",
 }
 CONCURRENCY_RETRY_S = 1.0
 
@@ -142,15 +148,21 @@ def seconds_to_next_month(ts: float) -> float:
     return nxt.timestamp() - ts
 
 
-def budget_denial(quotas: Quotas, total: int, used_day: int, used_month: int, now: float) -> Denial | None:
+def budget_denial(
+    quotas: Quotas, charge: Charge, day: LedgerRow, month: LedgerRow, now: float
+) -> Denial | None:
     """The budget part of admission, shared by every store that keeps its ledger in Python."""
     worst: Denial | None = None
-    for limit, used, wait in (
-        ("daily_tokens", used_day, seconds_to_next_day),
-        ("monthly_tokens", used_month, seconds_to_next_month),
+    for limit, used, amount, scale, wait in (
+        ("daily_tokens", day.total, charge.total, 1, seconds_to_next_day),
+        ("monthly_tokens", month.total, charge.total, 1, seconds_to_next_month),
+        ("daily_audio_seconds", day.audio_ms, charge.audio_ms, 1000, seconds_to_next_day),
+        ("monthly_audio_seconds", month.audio_ms, charge.audio_ms, 1000, seconds_to_next_month),
     ):
         budget = getattr(quotas, limit)
-        if budget is not None and used + min(total, budget) > budget:
+        if budget is None or (scale == 1000 and not amount):  # an audio budget holds back only speech
+            continue
+        if used + min(amount, budget * scale) > budget * scale:
             denial = Denial(limit, wait(now))
             worst = denial if worst is None or denial.retry_after > worst.retry_after else worst
     return worst
@@ -193,7 +205,7 @@ class QuotaBook:
             worst = denial if worst is None or denial.retry_after > worst.retry_after else worst
         day = self.days.get((tenant_id, day_of(now)), LedgerRow())
         month = self.months.get((tenant_id, month_of(now)), LedgerRow())
-        budget = budget_denial(quotas, charge.total, day.total, month.total, now)
+        budget = budget_denial(quotas, charge, day, month, now)
         if budget is not None and (worst is None or budget.retry_after > worst.retry_after):
             worst = budget
         if worst is not None:

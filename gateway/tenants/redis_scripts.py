@@ -27,13 +27,14 @@ local NAMES = {'input_tpm', 'output_tpm', 'total_tpm', 'rpm', 'audio_spm'}
 """
 
 # ARGV: now, in, out, lim_in, lim_out, lim_total, lim_rpm, max_concurrent, daily, monthly,
-#       reservation_id, lease_until, to_next_day, to_next_month, ledger_ttl, bucket_ttl, audio_ms, lim_audio
-# -> {0, limit, wait} or {1, the five bucket levels after it ('' unset), tokens used today, this month}:
-#    the last known state a replica's fail-open limits start from
+#       reservation_id, lease_until, to_next_day, to_next_month, ledger_ttl, bucket_ttl, audio_ms, lim_audio,
+#       daily_audio_ms, monthly_audio_ms
+# -> {0, limit, wait} or {1, the five bucket levels after it ('' unset), tokens used today, this month,
+#    audio ms spoken today, this month}: the last known state a replica's fail-open limits start from
 RESERVE = (
     _LEVEL
     + """
-if redis.call('ZSCORE', KEYS[2], ARGV[11]) then return {1, '', '', '', '', '', 0, 0} end  -- a retry
+if redis.call('ZSCORE', KEYS[2], ARGV[11]) then return {1, '', '', '', '', '', 0, 0, 0, 0} end  -- a retry
 local now = tonumber(ARGV[1])
 local amt_in, amt_out, amt_aud = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[17])
 local amounts = {amt_in, amt_out, amt_in + amt_out, 1, amt_aud / 1000.0}
@@ -67,6 +68,14 @@ end
 if monthly >= 0 and used(KEYS[4]) + math.min(total, monthly) > monthly then
   deny('monthly_tokens', tonumber(ARGV[14]))
 end
+local function spoken(key) return tonumber(redis.call('HGET', key, 'aud')) or 0 end
+local daily_aud, monthly_aud = tonumber(ARGV[19]), tonumber(ARGV[20])
+if amt_aud > 0 and daily_aud >= 0 and spoken(KEYS[3]) + math.min(amt_aud, daily_aud) > daily_aud then
+  deny('daily_audio_seconds', tonumber(ARGV[13]))
+end
+if amt_aud > 0 and monthly_aud >= 0 and spoken(KEYS[4]) + math.min(amt_aud, monthly_aud) > monthly_aud then
+  deny('monthly_audio_seconds', tonumber(ARGV[14]))
+end
 if worst then return {0, worst, fmt(worst_wait)} end
 local after = {'', '', '', '', ''}
 for i = 1, 5 do
@@ -85,7 +94,8 @@ for k = 3, 4 do
   redis.call('HINCRBY', KEYS[k], 'aud', amt_aud)
   redis.call('EXPIRE', KEYS[k], ARGV[15])
 end
-return {1, after[1], after[2], after[3], after[4], after[5], used(KEYS[3]), used(KEYS[4])}
+return {1, after[1], after[2], after[3], after[4], after[5], used(KEYS[3]), used(KEYS[4]), spoken(KEYS[3]),
+        spoken(KEYS[4])}
 """
 )
 

@@ -359,13 +359,17 @@ class RedisStore(Store):
             BUCKET_TTL_S,
             charge.audio_ms,
             _limit(quotas.audio_spm),
+            _limit(quotas.daily_audio_seconds and quotas.daily_audio_seconds * 1000),
+            _limit(quotas.monthly_audio_seconds and quotas.monthly_audio_seconds * 1000),
         ]
         result = await self._call(lambda: self._reserve(keys=self._quota_keys(tenant_id, now), args=args))
         if int(result[0]) == 1:
             self._leases[reservation_id] = tenant_id
             levels = {n: float(v) for n, v in zip(BUCKET_LIMITS, result[1:6], strict=True) if v}
             if levels or int(result[6]):  # a retry's answer carries no state
-                self._known[tenant_id] = Known(levels, int(result[6]), int(result[7]), now)
+                self._known[tenant_id] = Known(
+                    levels, int(result[6]), int(result[7]), now, int(result[8]), int(result[9])
+                )
             return None
         return Denial(result[1].decode(), float(result[2]))
 

@@ -21,9 +21,17 @@ def _row(row: LedgerRow) -> dict[str, int | float]:
     }
 
 
-def _budget(row: LedgerRow, limit: int | None, resets_in: float) -> dict[str, Any]:
+def _budget(row: LedgerRow, limit: int | None, audio_limit: int | None, resets_in: float) -> dict[str, Any]:
     remaining = None if limit is None else max(0, limit - row.total)
-    return {**_row(row), "limit": limit, "remaining": remaining, "resets_in_s": round(resets_in, 3)}
+    audio_left = None if audio_limit is None else max(0.0, (audio_limit * 1000 - row.audio_ms) / 1000)
+    return {
+        **_row(row),
+        "limit": limit,
+        "remaining": remaining,
+        "audio_seconds_limit": audio_limit,
+        "audio_seconds_remaining": audio_left,
+        "resets_in_s": round(resets_in, 3),
+    }
 
 
 async def usage_report(store: Store, tenant: Tenant, now: float, days: int) -> dict[str, Any]:
@@ -45,12 +53,20 @@ async def usage_report(store: Store, tenant: Tenant, now: float, days: int) -> d
         "today": {
             "date": day_list[0],
             **_budget(
-                rows.get(day_list[0], LedgerRow()), tenant.quotas.daily_tokens, seconds_to_next_day(now)
+                rows.get(day_list[0], LedgerRow()),
+                tenant.quotas.daily_tokens,
+                tenant.quotas.daily_audio_seconds,
+                seconds_to_next_day(now),
             ),
         },
         "month": {
             "month": month_of(now),
-            **_budget(month, tenant.quotas.monthly_tokens, seconds_to_next_month(now)),
+            **_budget(
+                month,
+                tenant.quotas.monthly_tokens,
+                tenant.quotas.monthly_audio_seconds,
+                seconds_to_next_month(now),
+            ),
         },
         "history": [{"date": d, **_row(rows[d])} for d in day_list if d in rows],
     }

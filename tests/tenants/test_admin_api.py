@@ -58,6 +58,8 @@ def test_tenant_lifecycle_over_http(client: httpx.Client) -> None:
         "max_queued": None,
         "daily_tokens": 5,
         "monthly_tokens": None,
+        "daily_audio_seconds": None,
+        "monthly_audio_seconds": None,
     }
     assert [t["id"] for t in client.get("/admin/tenants", headers=ADMIN).json()["data"]] == ["acme"]
     assert client.delete("/admin/tenants/acme", headers=ADMIN).json() == {"id": "acme", "deleted": True}

@@ -6,8 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from gateway.tenants.failopen import Known, seed, share
 from gateway.tenants.models import Quotas
-from gateway.tenants.quota import Charge, Denial, QuotaBook, seconds_to_next_month
+from gateway.tenants.quota import Charge, Denial, QuotaBook, day_of, seconds_to_next_month
 from tests.tenants.conftest import T0
 
 
@@ -114,3 +115,13 @@ def test_a_request_larger_than_the_budget_needs_an_untouched_budget(
     book, q = QuotaBook(), Quotas(daily_tokens=budget)
     book.record("t", T0, used, 0, 0)
     assert (book.try_reserve("t", q, Charge(ask, 0), T0) is None) is admitted
+
+
+def test_fail_open_gives_each_replica_its_share_of_the_audio_left() -> None:
+    quotas = Quotas(audio_spm=60, daily_audio_seconds=100, monthly_audio_seconds=1000)
+    known = Known({}, 0, 0, T0, audio_day_ms=40_000, audio_month_ms=400_500)
+    mine = share(quotas, 3, known)
+    assert (mine.audio_spm, mine.daily_audio_seconds, mine.monthly_audio_seconds) == (20, 40 + 20, 400 + 200)
+    book = QuotaBook()
+    seed(book, "acme", 3, known)
+    assert book.days[("acme", day_of(T0))].audio_ms == 40_000

@@ -103,6 +103,8 @@ async def test_refill_retry_after_and_reconcile_are_exact(service: TenantService
         "audio_seconds": 0.0,
         "limit": None,
         "remaining": None,
+        "audio_seconds_limit": None,
+        "audio_seconds_remaining": None,
         "resets_in_s": 0,
     }
 
@@ -169,6 +171,35 @@ async def test_budgets_roll_over_at_utc_day_and_month(service: TenantService, cl
         ("2025-02-01", 1000),
         ("2025-01-31", 1000),
     ]
+
+
+async def test_audio_budgets_roll_over_and_hold_back_only_speech(
+    service: TenantService, clock: FakeClock
+) -> None:
+    clock.now = ts(2025, 1, 31, 23, 59, 0)
+    key = await make_tenant(service, quotas={"daily_audio_seconds": 60, "monthly_audio_seconds": 100})
+    tenant = await service.authenticate(f"Bearer {key}")
+    spoken = await service.reserve(tenant, 10, 10, audio_seconds=50.0)
+    await service.reconcile(spoken, 10, 10, audio_seconds=55.5)  # spoke longer than predicted
+    with pytest.raises(QuotaExceeded) as info:
+        await service.reserve(tenant, 10, 10, audio_seconds=5.0)  # 55.5 + 5 > 60
+    assert (info.value.code, info.value.retry_after) == ("daily_audio_budget_exceeded", pytest.approx(60.0))
+    await service.reserve(tenant, 10, 10, audio_seconds=4.5)  # exactly the 60 s left of the day
+    text = await service.reserve(tenant, 10, 10)  # text is not held back by an audio budget
+    await service.reconcile(text, 10, 10)
+    clock.advance(60)  # 1 February: a new day and a new month
+    await service.reserve(tenant, 10, 10, audio_seconds=60.0)
+    usage = await service.usage("acme")
+    assert usage["today"]["audio_seconds_remaining"] == 0.0
+    assert (usage["month"]["audio_seconds_limit"], usage["month"]["audio_seconds_remaining"]) == (100, 40.0)
+    clock.now = ts(2025, 2, 2, 0, 0, 0)
+    await service.reserve(tenant, 10, 10, audio_seconds=40.0)
+    with pytest.raises(QuotaExceeded) as info:
+        await service.reserve(tenant, 10, 10, audio_seconds=0.001)
+    assert (info.value.code, info.value.retry_after) == (
+        "monthly_audio_budget_exceeded",
+        pytest.approx(27 * 86400.0),
+    )
 
 
 async def test_many_concurrent_reservations_never_overshoot_by_more_than_one(service: TenantService) -> None:
