@@ -4,7 +4,6 @@ the hold of a shrinking share, expiry of a dead replica's lease, the limit's own
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -56,10 +55,8 @@ class Allocator:
 
 
 @pytest.fixture
-def allocate(redis_url: str, redis_prefix: str) -> Iterator[Allocator]:
-    client = redis.Redis.from_url(redis_url)
-    yield Allocator(client, redis_prefix)
-    client.close()
+def allocate(redis_client: redis.Redis, redis_prefix: str) -> Allocator:
+    return Allocator(redis_client, redis_prefix)
 
 
 def test_alone_a_replica_gets_the_whole_limit(allocate: Allocator) -> None:

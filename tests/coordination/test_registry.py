@@ -5,7 +5,6 @@ other's expiry short."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import orjson
 import pytest
@@ -39,10 +38,8 @@ class Registry:
 
 
 @pytest.fixture
-def registry(redis_url: str, redis_prefix: str) -> Iterator[Registry]:
-    client = redis.Redis.from_url(redis_url)
-    yield Registry(client, redis_prefix)
-    client.close()
+def registry(redis_client: redis.Redis, redis_prefix: str) -> Registry:
+    return Registry(redis_client, redis_prefix)
 
 
 def test_store_and_allocator_count_one_replica_once(registry: Registry) -> None:
