@@ -29,6 +29,8 @@ class RecentService:
     def __init__(self) -> None:
         self._service: dict[str, tuple[float, float]] = {}  # tenant → (decayed charge, as of)
         self.version = 0  # bumped on every change, so callers may cache `totals` between changes
+        # shared between replicas: the charges not yet in the replicas' sums, (decayed charge, as of)
+        self._pending: dict[str, tuple[float, float]] | None = None
 
     def charge(
         self, tenant: str, amount: float, now: float, window_s: float, at: float | None = None
@@ -38,11 +40,13 @@ class RecentService:
         undated correction of a long request would outweigh its long-decayed estimate)."""
         age = 0.0 if at is None else max(0.0, now - at)
         self.version += 1
-        self._service[tenant] = (self.value(tenant, now, window_s) + amount * math.exp(-age / window_s), now)
+        added = amount * math.exp(-age / window_s)
+        self._service[tenant] = (self.value(tenant, now, window_s) + added, now)
+        if self._pending is not None:
+            self._pending[tenant] = (_decayed(self._pending.get(tenant), now, window_s) + added, now)
 
     def value(self, tenant: str, now: float, window_s: float) -> float:
-        value, at = self._service.get(tenant, (0.0, now))
-        return value * math.exp(-max(0.0, now - at) / window_s)
+        return _decayed(self._service.get(tenant), now, window_s)
 
     def totals(self, present: Mapping[str, float], now: float, window_s: float) -> tuple[float, float]:
         """(Σ weight · recent service, Σ weight) over `present` (tenant → weight)."""
@@ -54,11 +58,43 @@ class RecentService:
         service, weight = totals
         return weight > 0 and self.value(tenant, now, window_s) < service / weight * (1 - 1e-9)
 
+    def share(self) -> None:
+        """From now on keep every charge for the replicas' shared sums (the coordinator calls it)."""
+        if self._pending is None:
+            self._pending = {}
+
+    def take_pending(self, now: float, window_s: float) -> dict[str, float]:
+        """The charges since the last call, decayed to `now`, to add to the shared sums."""
+        pending, self._pending = self._pending or {}, {}
+        return {tenant: _decayed(p, now, window_s) for tenant, p in pending.items()}
+
+    def restore(self, pending: dict[str, float], now: float, window_s: float) -> None:
+        """Charges `take_pending` gave (as of `now`) that never reached the shared sums."""
+        mine = self._pending if self._pending is not None else {}
+        for tenant, value in pending.items():
+            mine[tenant] = (_decayed(mine.get(tenant), now, window_s) + value, now)
+        self._pending = mine
+
+    def merge(self, totals: dict[str, float], now: float, window_s: float) -> None:
+        """Adopt the shared sums as of `now` (every replica's charges, this one's taken ones included)
+        plus what this replica charged since it took them."""
+        pending = self._pending or {}
+        for tenant, total in totals.items():
+            self._service[tenant] = (total + _decayed(pending.get(tenant), now, window_s), now)
+        self.version += 1
+
     def forget(self, now: float, window_s: float) -> None:
         """Drop tenants whose service has decayed to nothing, so the map stays bounded."""
         for tenant in [t for t in self._service if self.value(t, now, window_s) < 1e-6]:
             del self._service[tenant]
             self.version += 1
+
+
+def _decayed(entry: tuple[float, float] | None, now: float, window_s: float) -> float:
+    if entry is None:
+        return 0.0
+    value, at = entry
+    return value * math.exp(-max(0.0, now - at) / window_s)
 
 
 class Standing:

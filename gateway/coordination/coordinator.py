@@ -7,6 +7,9 @@ adaptive limit. The answers become the leases `Shares` serves to the schedulers;
 and reserved KV go onto the backend's state (the limit's in-flight signal, the KV check). A replica that
 does not own a backend's limit follows the owner's value (PoolScheduler._sync_limits). A failed round trip
 puts `Shares` into its fallback; the first good one after it tells the allocator it is returning.
+The same round trip adds each pool's changes of the tenants' virtual token counters to their sums over
+the replicas and reads the sums back (scripts.VTC), so the queues order tenants by their service from
+every replica.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import anyio
 import orjson
@@ -25,7 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from gateway.admission.scheduler import PoolScheduler
 from gateway.backends.state import BackendState
 from gateway.config import CoordinationConfig
-from gateway.coordination.scripts import ALLOCATE, LEAVE
+from gateway.coordination.scripts import ALLOCATE, LEAVE, RECENT, VTC
 from gateway.coordination.shares import Lease, Shares
 from gateway.replicas import REGISTRY
 
@@ -58,10 +62,14 @@ class Coordinator:
         )
         self._allocate = self.redis.register_script(ALLOCATE)
         self._leave = self.redis.register_script(LEAVE)
+        self._vtc = self.redis.register_script(VTC)
+        self._recent = self.redis.register_script(RECENT)
         self._wake = anyio.Event()
         self._last = -float("inf")
         for sched in schedulers.values():
             sched.shares = self.shares
+            sched.counters.share()
+            sched.dispatcher.standing.recent.share()
 
     def nudge(self) -> None:
         self._wake.set()
@@ -70,13 +78,19 @@ class Coordinator:
         return f"{self.prefix}b:{url}"
 
     async def refresh(self) -> None:
-        """One allocation per backend in one round trip; on failure, the fallback (`Shares.failed`)."""
+        """One allocation per backend and one sum of the tenants' counters per pool, in one round trip;
+        on failure, the fallback (`Shares.failed`) and the counters' changes kept for the next one."""
         ttl_ms = int(self.config.lease_ttl_s * 1000)
         shares = self.shares
         calls: list[tuple[PoolScheduler, BackendState]] = []
+        taken = {name: _fairness(sched) for name, sched in self.schedulers.items()}
         sent = self.clock()
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
+                for name, f in taken.items():
+                    await self._vtc(keys=[f"{self.prefix}vtc:{name}"], args=_pairs(f.counters), client=pipe)
+                    args = [int(f.window_s * 1000), *_pairs(f.recent)]
+                    await self._recent(keys=[f"{self.prefix}recent:{name}"], args=args, client=pipe)
                 for sched in self.schedulers.values():
                     queued = sched.queue.depth_by_band()
                     for b in sched.backends:
@@ -102,6 +116,10 @@ class Coordinator:
                 sent = self.clock()
                 answers = await pipe.execute()
         except OUTAGE_ERRORS as e:
+            for name, f in taken.items():
+                sched = self.schedulers[name]
+                sched.counters.restore(f.counters)
+                sched.dispatcher.standing.recent.restore(f.recent, f.now, f.window_s)
             if not shares.returning:
                 log.warning("coordination: redis unreachable (%s); each replica holds 1/N", type(e).__name__)
             shares.failed(sent)
@@ -109,7 +127,12 @@ class Coordinator:
         if shares.returning:
             log.warning("coordination: redis reachable again; leases resume")
         until = sent + self.config.lease_ttl_s
-        for (_, backend), answer in zip(calls, answers, strict=True):
+        sums, leases = answers[: 2 * len(taken)], answers[2 * len(taken) :]
+        for i, (name, f) in enumerate(taken.items()):
+            sched = self.schedulers[name]
+            sched.counters.merge(_floats(sums[2 * i]))
+            sched.dispatcher.standing.recent.merge(_floats(sums[2 * i + 1]), sched.clock(), f.window_s)
+        for (_, backend), answer in zip(calls, leases, strict=True):
             grant, limit, live, peer_kv, peer_active, owner, target, *pairs = answer
             grants = {_text(pairs[i]): int(pairs[i + 1]) for i in range(0, len(pairs), 2)}
             shares.leased(
@@ -157,3 +180,27 @@ class Coordinator:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True, slots=True)
+class _Fairness:
+    """What one pool's fairness state changed since the last refresh, taken for the shared sums."""
+
+    counters: dict[str, float]
+    recent: dict[str, float]
+    now: float
+    window_s: float
+
+
+def _fairness(sched: PoolScheduler) -> _Fairness:
+    now, window_s = sched.clock(), sched.settings().fairness.share_window_s
+    recent = sched.dispatcher.standing.recent.take_pending(now, window_s)
+    return _Fairness(sched.counters.take_pending(), recent, now, window_s)
+
+
+def _pairs(values: dict[str, float]) -> list[str]:
+    return [x for tenant, value in values.items() for x in (tenant, repr(value))]
+
+
+def _floats(flat: list[bytes]) -> dict[str, float]:
+    return {_text(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}

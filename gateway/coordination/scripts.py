@@ -179,3 +179,47 @@ return 1
 """
 """A replica that stops cleanly gives its leases back at once (a killed one's expire within the TTL).
 KEYS: the backend hashes, then the registry; ARGV: the replica."""
+
+VTC = """
+for i = 1, #ARGV, 2 do
+  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('PEXPIRE', KEYS[1], 86400000)
+return redis.call('HGETALL', KEYS[1])
+"""
+"""The tenants' virtual token counters of one pool, summed over the replicas: KEYS the pool's hash
+(tenant → counter); ARGV tenant, delta pairs (this replica's changes since its last call). Returns every
+tenant's sum. A day without any call forgets them (idle time banks no credit anyway)."""
+
+RECENT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local tau = tonumber(ARGV[1])
+for i = 2, #ARGV, 2 do
+  local v, at = 0, now
+  local cur = redis.call('HGET', KEYS[1], ARGV[i])
+  if cur then
+    local e = cjson.decode(cur)
+    v, at = e[1], e[2]
+  end
+  v = v * math.exp(-math.max(0, now - at) / tau) + tonumber(ARGV[i + 1])
+  redis.call('HSET', KEYS[1], ARGV[i], cjson.encode({v, now}))
+end
+local out, all = {}, redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local e = cjson.decode(all[i + 1])
+  local v = e[1] * math.exp(-math.max(0, now - e[2]) / tau)
+  if v < 1e-6 then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    out[#out + 1] = all[i]
+    out[#out + 1] = tostring(v)
+  end
+end
+redis.call('PEXPIRE', KEYS[1], 86400000)
+return out
+"""
+"""The tenants' recent service of one pool (the standing's decayed charges), summed over the replicas on
+Redis's clock: KEYS the pool's hash (tenant → [decayed charge, as of ms]); ARGV the decay's time constant
+in ms, then tenant, charge pairs (this replica's since its last call, decayed to the call). Returns every
+tenant's sum decayed to now; a sum decayed to nothing is dropped."""
