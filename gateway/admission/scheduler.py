@@ -438,8 +438,11 @@ class PoolScheduler:
 
     def _capacity(self) -> float:
         """The available backends this pool's queue drains into: all of them, or this replica's part of
-        them (its shares) when replicas share the engines — each queue then predicts at its own pace."""
-        available = self._available()
+        them (its shares) when replicas share the engines — each queue then predicts at its own pace —
+        times the prefill duty under adaptive metering (the rounds send prompts at that share of the rate)."""
+        available = float(self._available())
+        if self.settings().budgets.for_pool(self.pool).prefill_rate_fraction is not None:
+            available *= self._prefill_duty()
         if self.shares is None:
             return available
         limits = {url: lim.limit for url, lim in self.limits.items()}

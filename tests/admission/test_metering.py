@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
+import anyio
+import pytest
+
 from gateway.admission.dispatch import Dispatcher
 from gateway.admission.limits import Sample
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import PoolBudgets
+from gateway.errors import ApiError
 from tests.admission.helpers import FakeClock, backends, decision, policy, settle, ticket
 
 METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_fraction=1.0)
@@ -88,3 +92,25 @@ def test_the_target_limits_duty_scales_the_metered_budget() -> None:
         s.limits["http://b0"].update(Sample(float(i), in_flight=8, tpot_ratio=0.9, prefill_share=0.5))
     snap = s.snapshot()
     assert snap["backends"][0]["prefill_duty"] == 0.5 and snap["prefill_tokens_per_round"] == 250
+
+
+async def test_the_queue_predicts_first_tokens_at_the_metered_pace() -> None:
+    clock = FakeClock()
+    pol = policy(
+        budgets={"prefill_tokens_per_round": 8192, "round_s": 0.1, "prefill_rate_fraction": 1.0},
+        controller={"algorithm": "target", "initial": 1, "min": 1, "max": 1, "window": 4},
+    )
+    s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
+    running = await s.acquire(ticket(arrival=clock.now, prompt=100))  # the one slot
+    head = asyncio.create_task(s.acquire(ticket(arrival=clock.now, prompt=12000)))
+    behind = asyncio.create_task(s.acquire(ticket(arrival=clock.now, prompt=100)))
+    await settle()
+    assert len(s.queue) == 2  # behind 12000 tokens at 10000 tokens/s: first token in 1.2 s < 2 s
+    for i in range(4):  # duty 0.5: the rounds send prompts at half the rate, the same wait is 2.4 s
+        s.limits["http://b0"].update(Sample(float(i), in_flight=1, tpot_ratio=0.9, prefill_share=0.5))
+    with pytest.raises(ApiError) as exc, anyio.fail_after(1):
+        await s.acquire(ticket(arrival=clock.now, prompt=100))
+    assert (exc.value.status, exc.value.code) == (429, "slo_unattainable")
+    for task in (head, behind):
+        task.cancel()
+    running.release(None, "ok")
