@@ -225,6 +225,10 @@ class CompletionEndpoint:
         answered = ticket.usage is not None and ticket.usage_inferred is None and ticket.outcome == Outcome.OK
         if answered and ticket.voice is None:
             _pace(lease.backend, ticket)
+        if answered and ticket.usage is not None:
+            lease.backend.progress.counted(
+                ticket.bucket, ticket.cost.prompt_tokens, ticket.usage.prompt_tokens
+            )
         left = ticket.outcome in (Outcome.PENDING, Outcome.TIMEOUT)
         self._end(lease, deadlines, left, ticket.usage, ticket.outcome, ttft, tpot)
 

@@ -76,11 +76,13 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class Prefill:
-    """When an engine is predicted to prefill a request: in which of its batches, from when, for how long."""
+    """When an engine is predicted to prefill a request: in which of its batches, from when, for how long,
+    and its prompt as that engine is predicted to count it."""
 
     batch: int
     at: float
     seconds: float
+    tokens: int
 
 
 @dataclass(slots=True)

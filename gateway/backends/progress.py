@@ -17,7 +17,7 @@ it, so it predicts prefills to start early — a request is then charged its pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.ticket import Prefill, Ticket
 
@@ -32,6 +32,7 @@ class EngineProgress:
     next_s: float = 0.0  # the prefill seconds waiting to start as the next batch, at `running_until`
     token_s: float | None = None  # seconds per generated token, recent answers; None until one finished
     early_s: float = 0.0  # how much sooner than predicted recent batches were seen to end
+    prompt_ratio: dict[str, float] = field(default_factory=dict)  # bucket → its prompt count / our price
 
     def _advance(self, now: float) -> None:
         """The next batch starts once the running one ends."""
@@ -44,12 +45,13 @@ class EngineProgress:
         """The request's body reached the engine at `now`: predict when its prefill starts."""
         self._advance(now)
         seconds = ticket.cost.prompt_tokens / prefill_rate if prefill_rate > 0 else 0.0
+        tokens = round(ticket.cost.prompt_tokens * self.prompt_ratio.get(ticket.bucket, 1.0))
         if now >= self.running_until:  # no prefill running: it starts a batch of its own at once
             self.batch += 1
             self.running_from, self.running_until = now, now + seconds
-            ticket.prefill = Prefill(self.batch, now, seconds)
+            ticket.prefill = Prefill(self.batch, now, seconds, tokens)
         else:  # it waits for the running batch and joins the next
-            ticket.prefill = Prefill(self.batch + 1, self.running_until, seconds)
+            ticket.prefill = Prefill(self.batch + 1, self.running_until, seconds, tokens)
             self.next_s += seconds
 
     def first_token(self, ticket: Ticket, at: float) -> None:
@@ -120,6 +122,15 @@ class EngineProgress:
         if self.token_s is None or now <= since:
             return 0
         return int((now - since) / self.token_s)
+
+    def counted(self, bucket: str, priced: int, counted: int) -> None:
+        """An answer's prompt as the engine counted it (its usage) against the gateway's price: what the
+        engine is predicted to count for the prompts of its kind (`bucket`) it reports nothing for."""
+        if priced <= 0 or counted <= 0:
+            return
+        ratio = self.prompt_ratio.get(bucket)
+        sample = counted / priced
+        self.prompt_ratio[bucket] = sample if ratio is None else ratio + PACE_WEIGHT * (sample - ratio)
 
     def answered(self, seconds_per_token: float) -> None:
         """One finished answer's time per generated token."""

@@ -101,15 +101,15 @@ def test_a_prefill_starts_at_once_or_with_the_next_batch() -> None:
     progress = EngineProgress()
     first = _sent(progress, 10.0)
     second, third = _sent(progress, 10.5, prompt=500), _sent(progress, 10.7, prompt=300)
-    assert first.prefill == Prefill(1, 10.0, 1.0)  # no prefill running: at once
-    assert second.prefill == Prefill(2, 11.0, 0.5)  # both wait for it and go together
-    assert third.prefill == Prefill(2, 11.0, 0.3)
+    assert first.prefill == Prefill(1, 10.0, 1.0, 1000)  # no prefill running: at once
+    assert second.prefill == Prefill(2, 11.0, 0.5, 500)  # both wait for it and go together
+    assert third.prefill == Prefill(2, 11.0, 0.3, 300)
     fourth = _sent(progress, 11.2)  # behind the batch of the two, which ends at 11.8
     assert fourth.prefill is not None and (fourth.prefill.batch, fourth.prefill.at) == (
         3,
         pytest.approx(11.8),
     )
-    assert _sent(progress, 20.0).prefill == Prefill(4, 20.0, 1.0)  # an idle engine starts it at once
+    assert _sent(progress, 20.0).prefill == Prefill(4, 20.0, 1.0, 1000)  # an idle engine starts it at once
 
 
 def test_a_first_byte_ends_its_batch_and_starts_the_next() -> None:
@@ -155,6 +155,22 @@ def test_a_request_is_let_off_only_if_its_batch_would_wait_even_as_early_as_rece
     assert progress.reached(again, 20.95)  # the batch ahead may have ended by now
 
 
+def test_an_inferred_prompt_is_counted_as_the_engine_counts_prompts_of_its_kind() -> None:
+    progress = EngineProgress()
+    progress.counted("text", 1000, 1100)
+    progress.counted("text", 1000, 1200)  # the ratio follows recent answers
+    progress.counted("single_image", 0, 500)  # nothing priced: no sample
+    assert progress.prompt_ratio == {"text": pytest.approx(1.12)}
+    left = _sent(progress, 10.0)
+    left_waiting(left, progress, 10.5, runs_on=False)
+    assert left.usage == Usage(1120, 0)
+    other = Ticket(
+        id="i", model="m", stream=True, arrival=0.0, cost=Cost(vision_tokens=800), bucket="single_image"
+    )
+    progress.sent(other, 20.0, prefill_rate=1000.0)
+    assert other.prefill is not None and other.prefill.tokens == 800  # no answer of its kind yet: our price
+
+
 def test_a_request_the_engine_refused_leaves_its_batch() -> None:
     progress = EngineProgress()
     alone, queued = _sent(progress, 10.0), _sent(progress, 10.2)
@@ -162,7 +178,7 @@ def test_a_request_the_engine_refused_leaves_its_batch() -> None:
     assert progress.next_s == 0.0
     progress.dropped(alone, 10.3)  # it ran alone: its batch is over
     assert progress.running_until == 10.3
-    assert _sent(progress, 10.4).prefill == Prefill(2, 10.4, 1.0)
+    assert _sent(progress, 10.4).prefill == Prefill(2, 10.4, 1.0, 1000)
 
 
 def test_leaving_before_the_predicted_prefill_charges_nothing_and_leaves_its_batch() -> None:
