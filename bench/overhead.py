@@ -308,6 +308,13 @@ def _default_policy_lines(kind: str, results: Results, top: dict[str, Result]) -
                     f"{kind:6}: max req/s {name}/litellm = {r['rps']:.0f}/{lite['rps']:.0f} "
                     f"= {ratio:.1f}×{verdict}"
                 )
+        dm = top.get("default")
+        if dm and dm["proxy_us"]:  # each proxy saturates one core: the ratio its max req/s would read
+            ratio = lite["proxy_us"] / dm["proxy_us"]
+            lines.append(
+                f"{kind:6}:   ... per CPU second (each on a whole core): litellm/default CPU per request "
+                f"= {lite['proxy_us']:.0f}/{dm['proxy_us']:.0f} µs = {ratio:.1f}×"
+            )
     return lines
 
 

@@ -27,7 +27,7 @@ def _results(over: overhead.Results | None = None) -> overhead.Results:
         ("max", "whole", "default"): _result(rps=600, us=600, cpu=0.9),
         ("max", "whole", "default·redis"): _result(rps=300, cpu=0.5),
         ("max", "whole", "default·redis×2"): _result(rps=480, cpu=1.0),
-        ("max", "whole", "litellm"): _result(rps=30),
+        ("max", "whole", "litellm"): _result(rps=30, us=12000),
         **(over or {}),
     }
 
@@ -41,6 +41,10 @@ def test_each_target_is_met_at_its_bound() -> None:
     )
     assert "whole : max req/s 2 workers / 1 worker = 480/300 = 1.60×: meets the ≥ 1.6× target" in lines
     assert "whole : max req/s default/litellm = 600/30 = 20.0×: meets the ≥ 20× target" in lines
+    assert (
+        "whole :   ... per CPU second (each on a whole core): litellm/default CPU per request "
+        "= 12000/600 µs = 20.0×" in lines
+    )
     assert not any("free cores" in line for line in lines)  # two workers had 2× one worker's CPU
 
 
