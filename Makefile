@@ -26,8 +26,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# `make bench LITELLM=/path/to/litellm`: the LiteLLM row from a separate install (else found beside the venv's
+# python after `pip install -e '.[litellm]'`, or skipped with a message).
+LITELLM ?=
 bench: $(STAMP)
-	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/overhead.py $(if $(LITELLM),--litellm $(LITELLM))
 	$(BIN)/python bench/estimate.py
 
 # The `N + omnigate` rows' check counts in the exit code; `make validate-seed GATEWAY_CHECK=report`
