@@ -178,13 +178,21 @@ class Dispatcher:
         still lacking at the pool's turnover (`SlotTurnover`: each usable backend's running requests over
         its mean hold time, the rates adding up — a backend marked unavailable adds nothing; with
         replicas, the peers' running requests count too while their releases are owed to this one);
-        None when nothing can be predicted (KV full, no recent releases, own constraints). What the guard
-        asks before refusing a request by prediction: past the head, slots — not prefill — are what a
-        tenant held to its share, or any request when decodes fill every slot, waits for."""
+        None when nothing can be predicted (KV full, no recent releases, own constraints, a speaking stage
+        full everywhere). What the guard asks before refusing a request by prediction: past the head,
+        slots — not prefill — are what a tenant held to its share, or any request when decodes fill every
+        slot, waits for."""
         margins: list[int] = []
         rate = 0.0
         usable = [b for b in backends if b.available]
-        for b in own_backends(entry.ticket, entry.exclude, usable, ctx.budgets):
+        own = own_backends(entry.ticket, entry.exclude, usable, ctx.budgets)
+        if (
+            self.stages is not None
+            and own
+            and all(self.stages.miss(entry.ticket, b) in PASSABLE for b in own)
+        ):
+            return None  # it waits for a stream to end somewhere: no slot turnover predicts that
+        for b in own:
             if kv_miss(entry.ticket, b, ctx.budgets) is not None:
                 continue
             margins.append(slot_margin(entry.ticket, b, ctx.limits[b.url], ctx.rule, self.holdings))

@@ -146,6 +146,8 @@ class PoolScheduler:
             cost.prompt_tokens, cost.expected_output_tokens, weight, fair.input_weight, fair.output_weight
         )
         deadline = effective_deadline(ticket, slo)
+        if self.dispatcher.stages is not None:  # speech must leave the queue in time for its first audio
+            deadline -= self.dispatcher.stages.first_audio_lag(ticket)
         entry = Entry(ticket, slo, deadline, weight, now, charge, exclude=excluded, requeued=requeued)
         self.rate.configure(settings.queue)
         victim = self.guard.admit(entry, now, self._capacity())

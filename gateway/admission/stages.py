@@ -31,7 +31,10 @@ the number of streams that would have met it (those speaking × target / its RTF
 per stream and never below `min_speaking`; one well inside it (below `rtf_target × grow_below`) while the
 budget had no room for another grows it by one, up to its limit.
 A speech request that does not fit the talker or code2wav is passed over (text behind it goes); one that
-does not fit the thinker or the encoder blocks the head like any shared budget. The stage's name is the
+does not fit the thinker or the encoder blocks the head like any shared budget. Its time to first audio is
+its time in the queue plus the time from dispatch to its first audio (the talker's prefill and one window
+of frames: `first_audio_lag`, measured from the streams): the queue sheds it by a deadline that much
+earlier, so none is dispatched too late to meet its SLO. The stage's name is the
 reason `/admin/state` shows (`stage_talker`, …).
 """
 
@@ -49,6 +52,7 @@ from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
 
 TALKER, CODE2WAV = "talker", "code2wav"
+LAG_WEIGHT = 0.2  # the EWMA weight of each stream's time from dispatch to first audio
 SPEAKING = (TALKER, CODE2WAV)  # the stages whose pace is the stream's real-time factor
 PASSABLE = frozenset(f"stage_{name}" for name in SPEAKING)
 """Misses that do not block the requests behind: text-only requests never wait for the talker."""
@@ -77,6 +81,7 @@ class StageBook:
         self.policy = policy
         self.clock = clock
         self._backends: dict[str, _Backend] = {}
+        self._lag: float | None = None  # seconds from dispatch to first audio, over the pool's streams
 
     def _book(self, url: str) -> _Backend:
         book = self._backends.get(url)
@@ -124,6 +129,13 @@ class StageBook:
             book.rate = sum(speeds)
         return book.rate
 
+    def first_audio_lag(self, ticket: Ticket) -> float:
+        """Seconds a request that speaks is expected to take from dispatch to its first audio (0 for one
+        that does not, or before any stream was measured): how much earlier it must leave the queue."""
+        if self._lag is None or CODE2WAV not in self.kind.stages_of(ticket):
+            return 0.0
+        return self._lag
+
     def speaking(self, backend: BackendState) -> int:
         """Requests on `backend` that hold the talker: they are bounded by its budget, so the backend's
         concurrency limit — the thinker's, adapted to TTFT — counts the others only."""
@@ -166,6 +178,9 @@ class StageBook:
         if id(ticket) in book.speakers:
             self.measured_rate(backend)  # with this stream's last speed: the rate that stands after it
             del book.speakers[id(ticket)]
+            if ticket.stream and ticket.first_audio_at is not None and ticket.dispatched_at is not None:
+                lag = ticket.first_audio_at - ticket.dispatched_at
+                self._lag = lag if self._lag is None else self._lag + LAG_WEIGHT * (lag - self._lag)
         capacity = {s.name: s for s in self.kind.capacity(backend).stages}
         full = False  # a speaking stage was at its budget: a good stream then says the budget may grow
         speaking = 0.0  # streams speaking on the backend while this one ended, itself included

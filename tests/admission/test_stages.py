@@ -184,3 +184,24 @@ def test_a_speaking_request_does_not_take_a_thinker_slot_from_text() -> None:
     d.commit(_ticket(), b, ctx)
     d.commit(_ticket(), b, ctx)
     assert d.shared_budget_miss(_ticket(), b, ctx) == "concurrency"
+
+
+def test_speech_leaves_the_queue_in_time_for_its_first_audio() -> None:
+    """A speaking request waits for a stream to end (no slot turnover predicts it) and must leave the
+    queue the measured dispatch-to-first-audio lag before its deadline."""
+    book, b = _book(StagePolicy(talker=1)), _backend()
+    d = Dispatcher(stages=book)
+    ctx = decision(limit=100)
+    spoken = _ticket("default")
+    d.commit(spoken, b, ctx)
+    assert d.slot_wait(entry(_ticket("default"), now=0.0), [b], ctx, 0.0, 60.0) is None
+    assert d.slot_wait(entry(_ticket(), now=0.0), [b], ctx, 0.0, 60.0) == 0.0
+    assert book.first_audio_lag(_ticket("default")) == 0.0  # nothing measured yet
+    spoken.dispatched_at, spoken.first_audio_at = 10.0, 10.5
+    d.release(spoken, b, 12.0)
+    later = _ticket("default")
+    later.dispatched_at, later.first_audio_at = 20.0, 21.5
+    d.commit(later, b, ctx)
+    d.release(later, b, 23.0)
+    assert book.first_audio_lag(_ticket("default")) == pytest.approx(0.5 + 0.2 * (1.5 - 0.5))
+    assert book.first_audio_lag(_ticket()) == 0.0  # text: its first token is its first output
