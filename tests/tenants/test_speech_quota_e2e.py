@@ -1,8 +1,8 @@
 """Audio seconds as a quota, end to end: a real gateway (SQLite or Redis store) in front of a simulated
 sglang-omni server process. An `audio_spm` tenant is reserved the audio its answers are predicted to speak
 and charged, in its day/month ledger, the audio they delivered (the server's own accounting is the
-reference); past its limit a speaking request gets 429 with the `x-ratelimit-*-audio-seconds` headers,
-while its text requests still pass."""
+reference); past its limit (or its daily audio budget) a speaking request gets 429 with the
+`x-ratelimit-*-audio-seconds` headers, while its text requests still pass."""
 
 from __future__ import annotations
 
@@ -57,7 +57,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     }
 
 
-def _gateway(stack: ExitStack, tmp_path: Path, sim: ManagedProcess, store: dict[str, Any], spm: int) -> str:
+def _gateway(
+    stack: ExitStack, tmp_path: Path, sim: ManagedProcess, store: dict[str, Any], **quotas: int
+) -> str:
     policy = tmp_path / "policy.yaml"
     policy.write_text("version: 1\n")
     pool = {
@@ -73,7 +75,7 @@ def _gateway(stack: ExitStack, tmp_path: Path, sim: ManagedProcess, store: dict[
         pools=[pool],
         store=store,
         auth={"required": True},
-        tenants=[{"id": "speaker", "keys": [KEY], "quotas": {"audio_spm": spm}}],
+        tenants=[{"id": "speaker", "keys": [KEY], "quotas": quotas}],
     )
     return stack.enter_context(serve(create_app(config))).url
 
@@ -97,7 +99,7 @@ def test_the_ledger_charges_the_audio_the_answers_delivered(
     omni_sim: ManagedProcess, store: dict[str, Any], tmp_path: Path
 ) -> None:
     with ExitStack() as stack:
-        gw = _gateway(stack, tmp_path, omni_sim, store, spm=600)
+        gw = _gateway(stack, tmp_path, omni_sim, store, audio_spm=600)
         delivered_ms = 0
         with httpx.Client(base_url=gw, headers=AUTH, timeout=30) as client:
             for path, body in (
@@ -122,7 +124,7 @@ def test_past_its_audio_limit_a_tenant_may_still_ask_for_text(
     omni_sim: ManagedProcess, store: dict[str, Any], tmp_path: Path
 ) -> None:
     with ExitStack() as stack:
-        gw = _gateway(stack, tmp_path, omni_sim, store, spm=2)
+        gw = _gateway(stack, tmp_path, omni_sim, store, audio_spm=2)
         with httpx.Client(base_url=gw, headers=AUTH, timeout=30) as client:
             first = client.post("/v1/audio/speech", json=SPEECH)  # more than 2 s, admitted on a full bucket
             assert first.status_code == 200
@@ -134,3 +136,23 @@ def test_past_its_audio_limit_a_tenant_may_still_ask_for_text(
     assert refused.headers["x-ratelimit-limit-audio-seconds"] == "2"
     assert refused.headers["x-ratelimit-remaining-audio-seconds"] == "0"
     assert text.status_code == 200
+
+
+def test_past_its_daily_audio_budget_a_tenant_may_still_ask_for_text(
+    omni_sim: ManagedProcess, store: dict[str, Any], tmp_path: Path
+) -> None:
+    with ExitStack() as stack:
+        gw = _gateway(stack, tmp_path, omni_sim, store, daily_audio_seconds=3)
+        with httpx.Client(base_url=gw, headers=AUTH, timeout=30) as client:
+            first = client.post("/v1/audio/speech", json=SPEECH)  # more than 3 s, on an untouched budget
+            assert first.status_code == 200
+            spoken_ms = round(_made(omni_sim) * 1000)
+            assert wait_for(lambda: _usage(gw)["concurrent"]["active"] == 0)
+            refused = client.post("/v1/audio/speech", json=SPEECH)
+            text = client.post("/v1/chat/completions", json=TEXT_CHAT)
+        today = _usage(gw)["today"]
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "daily_audio_budget_exceeded"
+    assert text.status_code == 200
+    assert (today["audio_seconds_limit"], today["audio_seconds_remaining"]) == (3, 0.0)
+    assert spoken_ms > 3000 and today["audio_seconds"] == spoken_ms / 1000  # the text spoke nothing
