@@ -89,8 +89,8 @@ class Coordinator:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for name, f in taken.items():
                     await self._vtc(keys=[f"{self.prefix}vtc:{name}"], args=_pairs(f.counters), client=pipe)
-                    args = [int(f.window_s * 1000), *_pairs(f.recent)]
-                    await self._recent(keys=[f"{self.prefix}recent:{name}"], args=args, client=pipe)
+                    decay: list[str | int] = [int(f.window_s * 1000), *_pairs(f.recent)]
+                    await self._recent(keys=[f"{self.prefix}recent:{name}"], args=decay, client=pipe)
                 for sched in self.schedulers.values():
                     queued = sched.queue.depth_by_band()
                     for b in sched.backends:
