@@ -60,6 +60,14 @@ class PoolConfig(Frozen):
     max_connections: int = Field(1024, ge=1)
     max_keepalive: int = Field(256, ge=0)
     health_interval_s: float = Field(2.0, gt=0)
+    abort_delay_s: float = Field(
+        0.0,
+        ge=0,
+        le=60,
+        description="How long after its connection closes a backend stops a request it has not finished: "
+        "the ledger charges what it did meanwhile. 0: at once (the simulator); SGLang's HTTP server aborts "
+        "a stream about 2 s after its response ended and polls a waiting request every 4 s.",
+    )
     priority_scheduling: bool = Field(
         False,
         description="The backends run SGLang's priority scheduling: pass each dispatch's engine priority "

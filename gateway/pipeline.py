@@ -325,7 +325,8 @@ class CompletionEndpoint:
                 raise verdict.error from None
             except BaseException as e:
                 if isinstance(e, asyncio.CancelledError):  # the client left before the first byte
-                    left_waiting(ticket, backend.progress, self.gw.clock(), owner.kind.runs_on(ticket))
+                    delay = owner.config.abort_delay_s
+                    left_waiting(ticket, backend.progress, self.gw.clock(), owner.kind.runs_on(ticket), delay)
                 owner.record_no_verdict(backend, ticket.dispatched_at)
                 self._end(lease, deadlines, True, Usage(0, 0), Outcome.CANCELLED)
                 raise
@@ -477,9 +478,10 @@ class CompletionEndpoint:
             else:  # cut short, or a backend that never sends usage: charge what was relayed
                 answer = relay.answer_tokens()
                 if ticket.outcome == Outcome.PENDING and relay.last_token_at is not None:
-                    # the client left: and what the engine decoded after the last token relayed, within
-                    # its max_tokens
-                    decoded = answer + progress.decoded(relay.last_token_at, ticket.finished_at)
+                    # the client left: and what the engine decoded after the last token relayed until it
+                    # stopped the request, within its max_tokens
+                    stop = ticket.finished_at + self.gw.pools[lease.backend.pool].config.abort_delay_s
+                    decoded = answer + progress.decoded(relay.last_token_at, stop)
                     cap = ticket.cost.max_output_tokens or decoded
                     answer = max(answer, min(decoded, cap))
                 infer(ticket, answer)

@@ -82,15 +82,16 @@ class EngineProgress:
     def _early(self, seconds: float) -> None:
         self.early_s += PACE_WEIGHT * (max(0.0, seconds) - self.early_s)
 
-    def reached(self, ticket: Ticket, now: float) -> bool:
-        """Whether the engine may have started the request's prefill by `now` — the batch ahead of it ended
-        even if it ran as much sooner than predicted as recent batches did (`early_s`: a wrong prediction
-        charges a prefill rather than lets one off); when not, the engine drops the request without a
-        prefill, and the next batch goes without it."""
+    def reached(self, ticket: Ticket, now: float, until: float | None = None) -> bool:
+        """Whether the engine may have started the request's prefill by `until` (default `now`: when it
+        stops the request) — the batch ahead of it ended even if it ran as much sooner than predicted as
+        recent batches did (`early_s`: a wrong prediction charges a prefill rather than lets one off); when
+        not, the engine drops the request without a prefill, and the next batch goes without it."""
         self._advance(now)
         if ticket.prefill is None or ticket.prefill.batch <= self.batch:
             return True
-        if ticket.prefill.batch == self.batch + 1 and now + self.early_s >= self.running_until:
+        stop = now if until is None else until
+        if ticket.prefill.batch == self.batch + 1 and stop + self.early_s >= self.running_until:
             return True
         self.dropped(ticket, now)
         return False

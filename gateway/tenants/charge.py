@@ -56,17 +56,21 @@ def infer(ticket: Ticket, answer_tokens: int) -> Usage:
     return usage
 
 
-def left_waiting(ticket: Ticket, progress: EngineProgress, now: float, runs_on: bool) -> None:
+def left_waiting(
+    ticket: Ticket, progress: EngineProgress, now: float, runs_on: bool, abort_delay: float = 0.0
+) -> None:
     """The client left at `now` while the gateway waited for the engine's first byte (a stream's first
-    token, or a whole answer): charge what the engine is predicted to have done by then. A server that
-    `runs_on` after its connection closes prefills the request whenever it reaches it."""
+    token, or a whole answer): charge what the engine is predicted to have done by the time it stops the
+    request, `abort_delay` later. A server that `runs_on` after its connection closes prefills the request
+    whenever it reaches it."""
     if not ticket.reached_engine or ticket.usage is not None:
         return
-    if not runs_on and not progress.reached(ticket, now):
+    stop = now + abort_delay
+    if not runs_on and not progress.reached(ticket, now, stop):
         ticket.usage, ticket.usage_inferred = Usage(0, 0), Inferred.LEFT_QUEUED
         metrics.USAGE_INFERRED.labels(Inferred.LEFT_QUEUED).inc()
         return
-    infer(ticket, 0 if ticket.stream else progress.generated(ticket, now))
+    infer(ticket, 0 if ticket.stream else progress.generated(ticket, stop))
 
 
 def billable(ticket: Ticket) -> Usage:

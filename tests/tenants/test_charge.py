@@ -171,6 +171,20 @@ def test_an_inferred_prompt_is_counted_as_the_engine_counts_prompts_of_its_kind(
     assert other.prefill is not None and other.prefill.tokens == 800  # no answer of its kind yet: our price
 
 
+def test_an_engine_that_stops_a_request_late_is_charged_what_it_did_until_then() -> None:
+    """SGLang's HTTP server aborts a stream ~2 s after its connection closed: a request still waiting when
+    its client left is prefilled if its batch starts within that delay, and a whole answer decodes on."""
+    progress = EngineProgress()
+    progress.answered(0.1)
+    _sent(progress, 10.0)  # runs to 11.0
+    queued = _sent(progress, 10.1)
+    left_waiting(queued, progress, 10.2, runs_on=False, abort_delay=2.0)
+    assert queued.usage == Usage(1000, 0) and queued.usage_inferred == Inferred.CLIENT_LEFT
+    whole = _sent(progress, 20.0, stream=False)  # prefilled by 21.0
+    left_waiting(whole, progress, 21.0, runs_on=False, abort_delay=2.0)
+    assert whole.usage == Usage(1000, 21)  # the first token, then 2 s of 0.1 s steps
+
+
 def test_a_request_the_engine_refused_leaves_its_batch() -> None:
     progress = EngineProgress()
     alone, queued = _sent(progress, 10.0), _sent(progress, 10.2)
