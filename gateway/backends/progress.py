@@ -11,8 +11,10 @@ stream's output (the engine emits no tokens while it prefills); a request the en
 before its batch started, leaves its batch. The prediction errs towards charging: a request is let off
 only when the batch ahead of it would still run even had it ended as much sooner than predicted as recent
 batches were seen to (`early_s`). Decoding runs at the backend's recent per-token time (`token_s`), learned
-from the answers it finished. All of it is this replica's view: prefills another replica sent are not in
-it, so it predicts prefills to start early — a request is then charged its prompt, never let off.
+from the answers it finished; a prompt counts as the engine counted the prompts of its bucket in the answers
+it reported usage for, against the gateway's price (`prompt_ratio`). All of it is this replica's view:
+prefills another replica sent are not in it, so it predicts prefills to start early — a request is then
+charged its prompt, never let off.
 """
 
 from __future__ import annotations
