@@ -322,6 +322,9 @@ class CompletionEndpoint:
                     )
                     continue
                 ticket.outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
+                if isinstance(e, UpstreamTimeout):  # the gateway gave up: charged as a client that left
+                    delay = owner.config.abort_delay_s
+                    left_waiting(ticket, backend.progress, self.gw.clock(), owner.kind.runs_on(ticket), delay)
                 raise verdict.error from None
             except BaseException as e:
                 if isinstance(e, asyncio.CancelledError):  # the client left before the first byte

@@ -40,9 +40,11 @@ def _png(width: int, height: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _gateway(stack: ExitStack, tmp_path: Path, backend: str, model: str) -> ServerThread:
+def _gateway(
+    stack: ExitStack, tmp_path: Path, backend: str, model: str, policy_text: str = "version: 1\n"
+) -> ServerThread:
     policy = tmp_path / "policy.yaml"
-    policy.write_text("version: 1\n")
+    policy.write_text(policy_text)
     pool = {"name": "interactive", "models": [model], "backends": [backend], "health_interval_s": 0.2}
     config = gateway_config(
         [backend],
@@ -256,6 +258,39 @@ def test_a_cut_stream_is_charged_by_its_tokens(stack: ExitStack, tmp_path: Path)
     assert abs(today["input_tokens"] - engine_prompt) <= 0.15 * engine_prompt  # text-only prompt
     assert words <= today["output_tokens"] <= 1.25 * words  # the text counter, on the sim's words
     assert _inferred(gw, "stream_cut") - before == 3
+
+
+def test_a_whole_answer_the_gateway_gave_up_on_pays_what_the_engine_generated(
+    stack: ExitStack, tmp_path: Path
+) -> None:
+    """The total timeout ends a whole answer the engine is still generating: 504 to the client, and
+    the ledger charges the prompt plus the tokens predicted generated until the engine stopped, as for a
+    client that left — not the prompt alone."""
+    sim = stack.enter_context(serve(create_sim(SimConfig(model=MODEL, time_scale=1, seed=1))))
+    policy = "version: 1\npool_defaults:\n  timeouts: {total: 1.0}\n"
+    gw = _gateway(stack, tmp_path, sim.url, MODEL, policy).url
+    headers = {"authorization": f"Bearer {KEY}"}
+    messages = [{"role": "user", "content": "Tell me a long story about the sea."}]
+    for _ in range(3):  # finished answers: the backend's pace per token
+        body = {"model": MODEL, "messages": messages, "max_tokens": 20, "ignore_eos": True}
+        assert (
+            httpx.post(gw + "/v1/chat/completions", json=body, headers=headers, timeout=10).status_code == 200
+        )
+    warm = wait_for(lambda: _settled(gw, 3), timeout=10)
+    assert warm is not None and warm["output_tokens"] == 60
+    request_id = f"slow-{uuid.uuid4().hex}"
+    body = {"model": MODEL, "messages": messages, "max_tokens": 2000, "ignore_eos": True}
+    slow = httpx.post(
+        gw + "/v1/chat/completions", json=body, headers={**headers, "x-request-id": request_id}, timeout=10
+    )
+    assert slow.status_code == 504, slow.text
+    today = wait_for(lambda: _settled(gw, 4), timeout=10)
+    assert today is not None, _today(gw)["today"]
+    generated = wait_for(
+        lambda: httpx.get(sim.url + "/sim/work", timeout=10).json()[request_id]["generated"] or None
+    )
+    charged = today["output_tokens"] - 60
+    assert 0.6 * generated <= charged <= 1.4 * generated, (charged, generated)
 
 
 def test_an_answer_without_usage_is_charged_by_its_text(stack: ExitStack, tmp_path: Path) -> None:
