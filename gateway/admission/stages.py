@@ -216,13 +216,15 @@ class StageBook:
         book.adaptive[TALKER] = current
 
     def snapshot(self, backend: BackendState, head: Ticket | None) -> list[dict[str, Any]]:
-        """Each stage's budget and use on `backend`, and whether it blocks the head request there."""
+        """Each stage's budget and use on `backend`, whether it blocks the head request there, and what was
+        measured for it (code2wav: the audio seconds per second the backend's streams get; else None)."""
         book = self._book(backend.url)
         wanted = set() if head is None else {s.name for s in self._stages(head, backend)}
         out = []
         for stage in self.kind.capacity(backend).stages:
             budget = self.budget(backend, stage)
             use = book.use.get(stage.name, 0.0)
+            rate = self.measured_rate(backend) if stage.name == CODE2WAV else None
             blocks = (
                 head is not None
                 and stage.name in wanted
@@ -238,6 +240,7 @@ class StageBook:
                     "budget": None if budget is None or math.isinf(budget) else round(budget, 3),
                     "use": round(use, 3),
                     "blocks_head": blocks,
+                    "measured": None if rate is None else round(rate, 3),
                 }
             )
         return out
