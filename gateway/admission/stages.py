@@ -100,12 +100,13 @@ class StageBook:
             return float(cost.images + cost.audios + cost.videos)
         return 1.0  # a place in a requests stage, or one real-time stream of the vocoder
 
-    def budget(self, backend: BackendState, stage: Stage) -> float | None:
-        """The stage's budget on `backend` now; None: unlimited (an unknown limit)."""
+    def budget(self, backend: BackendState, stage: Stage, remember: bool = True) -> float | None:
+        """The stage's budget on `backend` now; None: unlimited (an unknown limit). `remember`: see
+        `measured_rate`."""
         p = self.policy()
         limit = p.limit(stage.name, stage.limit)
         if stage.name == CODE2WAV and p.adaptive:
-            rate = self.measured_rate(backend)
+            rate = self.measured_rate(backend, remember)
             if rate is None:
                 return limit
             return rate * p.rtf_target if limit is None else min(limit, rate * p.rtf_target)
@@ -115,9 +116,10 @@ class StageBook:
                 return adaptive if limit is None else min(limit, adaptive)
         return limit
 
-    def measured_rate(self, backend: BackendState) -> float | None:
+    def measured_rate(self, backend: BackendState, remember: bool = True) -> float | None:
         """Audio seconds per second the backend makes for its streams now (the sum of their speeds), or
-        the last rate measured while none shows one; None before any was."""
+        the last rate measured while none shows one; None before any was. `remember=False`: a read that
+        leaves the last rate as it was (`/admin/state`)."""
         book = self._book(backend.url)
         now = self.clock()
         speeds = [
@@ -125,9 +127,11 @@ class StageBook:
             for ticket in book.speakers.values()
             if ticket.speech is not None and (speed := ticket.speech.speed(now)) is not None
         ]
-        if speeds:
+        if not speeds:
+            return book.rate
+        if remember:
             book.rate = sum(speeds)
-        return book.rate
+        return sum(speeds)
 
     def first_audio_lag(self, ticket: Ticket) -> float:
         """Seconds a request that speaks is expected to take from dispatch to its first audio (0 for one
@@ -222,9 +226,9 @@ class StageBook:
         wanted = set() if head is None else {s.name for s in self._stages(head, backend)}
         out = []
         for stage in self.kind.capacity(backend).stages:
-            budget = self.budget(backend, stage)
+            budget = self.budget(backend, stage, remember=False)
             use = book.use.get(stage.name, 0.0)
-            rate = self.measured_rate(backend) if stage.name == CODE2WAV else None
+            rate = self.measured_rate(backend, remember=False) if stage.name == CODE2WAV else None
             blocks = (
                 head is not None
                 and stage.name in wanted

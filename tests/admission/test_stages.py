@@ -155,6 +155,13 @@ def test_speech_is_admitted_within_the_audio_rate_its_streams_get_now() -> None:
         book.release(t, b)
     # what the streams left got, measured as each ended; it stands while no stream shows a speed
     assert book.measured_rate(b) == pytest.approx(4.0 / (1.6 + 0.64))
+    fresh = _ticket("default")
+    book.commit(fresh, b)
+    fresh.speech = SpeechMeter()
+    _speak(fresh.speech, clock.now - 0.8, 0.16, 6)
+    assert _budgets(book, b)["code2wav"] == pytest.approx(4.0)  # what it gets now: 5 audio s/s × 0.8
+    fresh.speech = None
+    assert book.measured_rate(b) == pytest.approx(4.0 / (1.6 + 0.64))  # /admin/state read it, kept nothing
     assert _budgets(_book(StagePolicy(code2wav_audio_seconds_per_s=6), clock), b)["code2wav"] == 6
 
 
