@@ -386,6 +386,8 @@ class PoolScheduler:
         inbound: dict[str, int] = {}
         if self.shares is not None:  # replicas share the engines: dispatch within this one's share
             fraction = self.shares.fraction([b.url for b in self.backends], limits)
+            if self.dispatcher.shield.above_peers(budgets.shield, now):
+                fraction = 1.0  # the engine runs our prompts before any peer's: meter as one replica
             tokens = max(1, int(budgets.prefill_tokens_per_round * fraction))
             budgets = self._shared_budgets.with_tokens(budgets, tokens, keep=keep)
             limits = {url: self.shares.granted(url, limit) for url, limit in limits.items()}
@@ -456,6 +458,12 @@ class PoolScheduler:
         rule = self._slot_rule(self.settings(), None, self.clock())
         reserve = rule.band_reserve(-math.inf, limit)
         return (reserve, int(rule.top_band)) if reserve > 0 else (0, 0)
+
+    def shield_top(self) -> float | None:
+        """The top rank this pool dispatched within the shield's hold (None: none): what replicas sharing
+        the engines tell each other (shield.py)."""
+        shield = self.settings().budgets.for_pool(self.pool).shield
+        return self.dispatcher.shield.own_top(shield, self.clock())
 
     def _round_tokens(self, budgets: PoolBudgets) -> int:
         return budgets.prefill_tokens_per_round * max(1, self._available())

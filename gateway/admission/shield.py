@@ -16,6 +16,11 @@ The traffic the shield protects (the top rank seen within `hold_s`, with a lower
 the backend where the fewest prompt tokens wait for their prefill (dispatch.py). Loans are neither spaced
 nor space the lender's own prompts: they run only below the lender's `max_load` and are given back as
 soon as its own requests wait (decision 0105).
+
+Replicas sharing the engines (gateway/coordination/) tell each other the top rank they dispatched within
+`hold_s` (`own_top`); the peers' highest counts here as a rank seen until their lease ends (`peers`), so a
+replica that only ever sees a flood still shields and spaces it for the higher-ranked stream a peer
+serves on the same engine.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class Shield:
         # url → id(ticket) → when the next big lower-ranked prompt may go there after it (`spaced`)
         self.spacing: dict[str, dict[int, float]] = {}
         self.held = False  # a placement was refused by the shield since `rearm` (a first byte may free it)
+        self.peer_top: tuple[float, float] = (-math.inf, -math.inf)  # (the peers' top rank, good until)
 
     def rearm(self) -> None:
         """A new dispatch pass begins: forget that the last one was held by the shield."""
@@ -81,8 +87,27 @@ class Shield:
         return rank < self._top_rank(shield, now)
 
     def _recent_ranks(self, shield: ShieldPolicy, now: float) -> list[float]:
-        """The ranks our own requests were dispatched at within `shield.hold_s`."""
-        return [r for r, at in self.rank_seen.items() if now - at <= shield.hold_s]
+        """The ranks our own requests were dispatched at within `shield.hold_s`, and the peers' top rank
+        while their last report holds."""
+        ranks = [r for r, at in self.rank_seen.items() if now - at <= shield.hold_s]
+        rank, until = self.peer_top
+        return [*ranks, rank] if now < until else ranks
+
+    def own_top(self, shield: ShieldPolicy, now: float) -> float | None:
+        """The highest rank our own requests were dispatched at within `shield.hold_s` (None: none): what
+        this replica tells its peers."""
+        return max((r for r, at in self.rank_seen.items() if now - at <= shield.hold_s), default=None)
+
+    def above_peers(self, shield: ShieldPolicy, now: float) -> bool:
+        """Is our top rank within `shield.hold_s` above the peers' last reported one? Then the engines run
+        our prompts before any of theirs (engine priority), as if we were the only replica."""
+        own = self.own_top(shield, now)
+        rank, until = self.peer_top
+        return own is not None and now < until and own > rank
+
+    def peers(self, rank: float | None, until: float) -> None:
+        """The peers' top rank within their `hold_s` (None: none), counted as seen until `until`."""
+        self.peer_top = (-math.inf, -math.inf) if rank is None else (rank, until)
 
     def _top_rank(self, shield: ShieldPolicy, now: float) -> float:
         """The highest rank dispatched within `shield.hold_s` (-inf: none)."""

@@ -93,6 +93,7 @@ class Coordinator:
                     await self._recent(keys=[f"{self.prefix}recent:{name}"], args=decay, client=pipe)
                 for sched in self.schedulers.values():
                     queued = sched.queue.depth_by_band()
+                    shield_top = sched.shield_top()
                     for b in sched.backends:
                         limit = sched.limits[b.url].limit
                         reserve, top = sched.top_reserve(limit)
@@ -110,6 +111,7 @@ class Coordinator:
                             orjson.dumps([[band, n] for band, n in demand.items() if n > 0]),
                             reserve,
                             top,
+                            "" if shield_top is None else repr(shield_top),
                         ]
                         await self._allocate(keys=[self._key(b.url), self.registry], args=args, client=pipe)
                         calls.append((sched, b))
@@ -132,8 +134,12 @@ class Coordinator:
             sched = self.schedulers[name]
             sched.counters.merge(_floats(sums[2 * i]))
             sched.dispatcher.standing.recent.merge(_floats(sums[2 * i + 1]), sched.clock(), f.window_s)
-        for (_, backend), answer in zip(calls, leases, strict=True):
-            grant, limit, live, peer_kv, peer_active, owner, target, *pairs = answer
+        peer_ranks: dict[PoolScheduler, float | None] = {}
+        for (sched, backend), answer in zip(calls, leases, strict=True):
+            grant, limit, live, peer_kv, peer_active, owner, target, peer_rank, *pairs = answer
+            rank = float(_text(peer_rank)) if peer_rank else None
+            held = peer_ranks.get(sched)
+            peer_ranks[sched] = rank if held is None else max(held, rank or held)
             grants = {_text(pairs[i]): int(pairs[i + 1]) for i in range(0, len(pairs), 2)}
             shares.leased(
                 backend.url,
@@ -151,6 +157,8 @@ class Coordinator:
             )
             backend.peer_active = int(peer_active)
             backend.peer_kv_tokens = int(peer_kv)
+        for sched, rank in peer_ranks.items():
+            sched.dispatcher.shield.peers(rank, until)
         shares.refreshed()
         for sched in self.schedulers.values():
             sched.pump()  # a grown share may let waiting requests go

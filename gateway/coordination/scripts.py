@@ -2,7 +2,7 @@
 
 Keys: 1 the backend's hash: one field `r:<replica>` per live replica, a JSON lease {e expiry ms, g grant,
 p the grant before it, a active, k reserved KV tokens, w demand as [[band, n], ...], r the slots it keeps
-for the top band, t the top band}; `owner` and
+for the top band, t the top band, s the top rank its shield saw within hold_s}; `owner` and
 `limit`, the replica that owns the backend's adaptive limit and its value; `rec_until` and `rec_n`, the
 recovery cap. 2 the registry of live replicas (gateway/replicas.py), which the call beats. Time is Redis's
 own `TIME`, so replicas on hosts with skewed clocks agree on every lease.
@@ -19,9 +19,10 @@ replica may hold max(its grant, the grant before it (`p`), its active count when
 those never exceeds L. A shrinking share is thus free for the others one refresh later.
 
 ARGV: replica, ttl_ms, own limit, active, reserved KV, seen replicas, returning (1 after a failed call),
-demand JSON, reserve R (0: none held), top band. Returns: grant, L, live replicas, peers' KV, peers'
-active, 1 if the caller owns the limit, the caller's target (its part by demand, which its grant reaches
-as the others shrink), then replica, grant pairs of every live lease.
+demand JSON, reserve R (0: none held), top band, the top rank its shield saw ("": none). Returns: grant,
+L, live replicas, peers' KV, peers' active, 1 if the caller owns the limit, the caller's target (its part
+by demand, which its grant reaches as the others shrink), the peers' top shield rank ("": none), then
+replica, grant pairs of every live lease.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ for i = 1, #all, 2 do
   end
 end
 local me = {e = now + ttl, g = 0, p = 0, a = active, k = kv, w = cjson.decode(ARGV[8]),
-  r = tonumber(ARGV[9]), t = tonumber(ARGV[10])}
+  r = tonumber(ARGV[9]), t = tonumber(ARGV[10]), s = tonumber(ARGV[11])}
 entries[rid] = me
 ids[#ids + 1] = rid
 table.sort(ids)
@@ -143,13 +144,14 @@ if left > 0 then  -- unclaimed: even headroom, so a new request starts without w
   spread(left, ids)
 end
 
-local others, peer_kv, peer_active = 0, 0, 0
+local others, peer_kv, peer_active, peer_rank = 0, 0, 0, nil
 for _, id in ipairs(ids) do
   if id ~= rid then
     local e = entries[id]
     others = others + math.max(e.g, e.a, e.p or 0)
     peer_kv = peer_kv + e.k
     peer_active = peer_active + e.a
+    if e.s and (peer_rank == nil or e.s > peer_rank) then peer_rank = e.s end
   end
 end
 local g = math.max(0, math.min(target[rid], L - others))
@@ -160,7 +162,8 @@ me.g = g
 me.p = me_before
 redis.call('HSET', h, 'r:' .. rid, cjson.encode(me))
 redis.call('PEXPIRE', h, ttl * 100)
-local out = {g, L, live_n, peer_kv, peer_active, (owner == rid) and 1 or 0, target[rid]}
+local out = {g, L, live_n, peer_kv, peer_active, (owner == rid) and 1 or 0, target[rid],
+  peer_rank and tostring(peer_rank) or ''}
 for _, id in ipairs(ids) do
   out[#out + 1] = id
   out[#out + 1] = entries[id].g

@@ -33,10 +33,12 @@ class Allocator:
         returning: bool = False,
         kv: int = 0,
         reserve: tuple[int, int] = (0, 0),
+        rank: float | None = None,
     ) -> dict[str, Any]:
         wanted = [[band, n] for band, n in (demand or {}).items()]
         args = [replica, ttl_ms, limit, active, kv, seen, int(returning), orjson.dumps(wanted), *reserve]
-        grant, engine_limit, live, peer_kv, peer_active, owner, target, *pairs = self.script(
+        args.append("" if rank is None else repr(rank))
+        grant, engine_limit, live, peer_kv, peer_active, owner, target, peer_rank, *pairs = self.script(
             keys=self.keys, args=args
         )
         return {
@@ -47,6 +49,7 @@ class Allocator:
             "peer_active": peer_active,
             "owner": owner == 1,
             "target": target,
+            "peer_rank": float(peer_rank) if peer_rank else None,
             "grants": {pairs[i].decode(): pairs[i + 1] for i in range(0, len(pairs), 2)},
         }
 
@@ -62,6 +65,15 @@ def allocate(redis_client: redis.Redis, redis_prefix: str) -> Allocator:
 def test_alone_a_replica_gets_the_whole_limit(allocate: Allocator) -> None:
     first = allocate("a", {5: 3})
     assert (first["grant"], first["limit"], first["live"], first["owner"]) == (8, 8, 1, True)
+
+
+def test_each_replica_hears_the_top_rank_its_peers_dispatched(allocate: Allocator) -> None:
+    assert allocate("a", {10: 1}, rank=10.5)["peer_rank"] is None  # alone: no peer
+    assert allocate("b", {0: 9}, rank=0.0)["peer_rank"] == 10.5
+    assert allocate("c", {0: 9})["peer_rank"] == 10.5  # c dispatched nothing lately
+    assert allocate("a", {10: 1}, rank=10.5)["peer_rank"] == 0.0  # the highest of b's and c's
+    allocate("b", {0: 9}, rank=None)
+    assert allocate("a", {10: 1}, rank=10.5)["peer_rank"] is None
 
 
 def test_a_higher_band_on_one_replica_wins_slots_from_a_lower_band_on_another(allocate: Allocator) -> None:

@@ -65,3 +65,67 @@ async def test_the_top_bands_reserve_is_offered_to_the_allocator_while_the_repli
     clock.advance(301.0)
     assert s.top_reserve(8) == (0, 0)  # the reserve's hold (300 s) ran out
     await asyncio.sleep(0)
+
+
+SHIELDED = policy(
+    window={"enabled": False}, controller={"algorithm": "fixed", "initial": 8, "min": 1, "max": 8}
+)
+
+
+def _shared(clock: FakeClock, grant: int = 8) -> PoolScheduler:
+    pool = backends(1)
+    s = PoolScheduler("interactive", pool, lambda: SHIELDED.admission, clock=clock)
+    shares = Shares("me", ttl_s=3.0, replicas_hint=2, clock=clock)
+    shares.leased(
+        pool[0].url, Lease(grant, 8, clock() + 3.0, 2, 0, 0, False, {"me": grant, "peer": 8 - grant})
+    )
+    s.shares = shares
+    return s
+
+
+async def _lows(s: PoolScheduler, prompt: int) -> list[bool]:
+    tasks = [await spawn(s, ticket(priority=0, prompt=prompt)) for _ in range(3)]
+    await settle()
+    return [t.done() for t in tasks]
+
+
+async def test_a_flood_below_a_peers_top_rank_is_shielded_as_on_one_replica() -> None:
+    clock = FakeClock()
+    alone = _shared(clock)
+    assert await _lows(alone, 300) == [True, True, True]  # no higher rank seen: nothing to shield
+    s = _shared(clock)
+    s.dispatcher.shield.peers(10.0, clock() + 3.0)  # a peer serves band 10 on the same engine
+    assert await _lows(s, 300) == [True, False, False]  # 300 not started + 300 > 512
+    assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "prefill_shield"}
+    assert s.shield_top() == 0.0  # what this replica reports: its own ranks only
+
+
+async def test_a_flood_below_a_peers_top_rank_is_spaced_and_the_report_expires() -> None:
+    clock = FakeClock()
+    s = _shared(clock)
+    s.dispatcher.shield.peers(10.0, clock() + 3.0)
+    first = await spawn(s, ticket(priority=0, prompt=2000))
+    first.result().started()  # its prefill began: the shield lets the next big one go alone...
+    second = await spawn(s, ticket(priority=0, prompt=2000))
+    assert not second.done()  # ...only at its spaced turn
+    assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "shield_duty"}
+    s.dispatcher.shield.peers(None, clock() + 3.0)  # the peer's band-10 work is over
+    s.pump()
+    await settle()
+    assert second.done()
+
+
+async def test_a_replica_above_its_peers_top_rank_meters_the_whole_round_budget() -> None:
+    clock = FakeClock()
+    s = _shared(clock, grant=2)
+    whole = SHIELDED.admission.budgets.prefill_tokens_per_round
+    (await spawn(s, ticket(priority=10, prompt=100))).result().release()
+    assert s.shield_top() == 10.0
+    assert s.decision(SHIELDED.admission).budgets.prefill_tokens_per_round == whole // 4  # no peer report
+    s.dispatcher.shield.peers(0.0, clock() + 3.0)  # the peers' work ranks below ours: ours goes first
+    assert s.decision(SHIELDED.admission).budgets.prefill_tokens_per_round == whole
+    s.dispatcher.shield.peers(10.0, clock() + 3.0)  # a peer at our rank: the engine shares it
+    assert s.decision(SHIELDED.admission).budgets.prefill_tokens_per_round == whole // 4
+    s.dispatcher.shield.peers(0.0, clock() + 3.0)
+    clock.advance(3.0)  # the peers' report outlived its lease
+    assert s.decision(SHIELDED.admission).budgets.prefill_tokens_per_round == whole // 4
