@@ -134,12 +134,12 @@ class Coordinator:
             sched = self.schedulers[name]
             sched.counters.merge(_floats(sums[2 * i]))
             sched.dispatcher.standing.recent.merge(_floats(sums[2 * i + 1]), sched.clock(), f.window_s)
-        peer_ranks: dict[PoolScheduler, float | None] = {}
+        peer_ranks: dict[PoolScheduler, list[float]] = {}  # the peers' top ranks over the pool's backends
         for (sched, backend), answer in zip(calls, leases, strict=True):
             grant, limit, live, peer_kv, peer_active, owner, target, peer_rank, *pairs = answer
-            rank = float(_text(peer_rank)) if peer_rank else None
-            held = peer_ranks.get(sched)
-            peer_ranks[sched] = rank if held is None else max(held, rank or held)
+            ranks = peer_ranks.setdefault(sched, [])
+            if peer_rank:  # "": no peer dispatched lately
+                ranks.append(float(_text(peer_rank)))
             grants = {_text(pairs[i]): int(pairs[i + 1]) for i in range(0, len(pairs), 2)}
             shares.leased(
                 backend.url,
@@ -157,8 +157,8 @@ class Coordinator:
             )
             backend.peer_active = int(peer_active)
             backend.peer_kv_tokens = int(peer_kv)
-        for sched, rank in peer_ranks.items():
-            sched.dispatcher.shield.peers(rank, until)
+        for sched, ranks in peer_ranks.items():
+            sched.dispatcher.shield.peers(max(ranks, default=None), until)
         shares.refreshed()
         for sched in self.schedulers.values():
             sched.pump()  # a grown share may let waiting requests go
