@@ -124,8 +124,10 @@ def slot_margin(ticket: Ticket, backend: BackendState, limit: int, rule: SlotRul
 def _shortfall(
     ticket: Ticket, backend: BackendState, limit: int, rule: SlotRule, held: Holdings
 ) -> tuple[str | None, int]:
-    band_ceiling = limit - rule.band_reserve(ticket.priority, limit)
     occupied = backend.active
+    if limit <= 0:  # a replica's share of the engine can be nothing: no rule may round it up to a slot
+        return "concurrency", -occupied
+    band_ceiling = limit - rule.band_reserve(ticket.priority, limit)
     if ticket.priority >= rule.top_band:
         lower_ceiling = limit - rule.band_reserve(-math.inf, limit)
         occupied -= max(0, held.below(backend.url, rule.top_band) - lower_ceiling)

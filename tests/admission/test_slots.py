@@ -207,3 +207,12 @@ async def test_the_band_reserve_is_held_only_for_a_while_after_a_top_band_reques
     for t in [*low[2:], hi, more]:
         t.result().release(None, "ok")
     assert s.backends[0].active == 0
+
+
+def test_a_share_of_nothing_places_nothing_whatever_the_rules() -> None:
+    (b,), held = backends(1), Holdings()
+    tenants = SlotRule(top_band=10, band_fraction=0.15, tenant_fraction=0.1, present={0: {"t1": 1.0}})
+    for rule in (SlotRule(), BANDS, tenants):
+        for t in (ticket(priority=0), ticket(priority=10)):
+            assert slot_miss(t, b, 0, rule, held) == "concurrency"
+            assert slot_margin(t, b, 0, rule, held) == 0  # it needs a release and a share to go
