@@ -29,7 +29,7 @@ async def test_replicas_hear_the_top_rank_their_peers_dispatched(redis_url: str,
     a, coord_a = replica(redis_url, redis_prefix, "a", clock)
     b, coord_b = replica(redis_url, redis_prefix, "b", clock)
     try:
-        for coord in (coord_a, coord_b, coord_a):
+        for coord in (coord_a, coord_b) * 3:  # until each holds half the engine as headroom
             await coord.refresh()
         (await spawn(a, ticket(priority=10, prompt=100))).result().release()
         (await spawn(b, ticket(priority=0, prompt=100))).result().release()
