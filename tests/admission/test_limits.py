@@ -276,12 +276,18 @@ def test_target_steers_on_tpot_alone_a_slow_first_token_does_not_move_it() -> No
     assert no_tpot.value == 16
 
 
-async def test_the_scheduler_feeds_the_tpot_part_beside_the_whole_ratio() -> None:
-    clock = FakeClock()
+def _spied_target(clock: FakeClock) -> tuple[PoolScheduler, list[Sample]]:
+    """A scheduler on one backend with the target limit (window 4), and the samples its limit is fed."""
     pol = policy(controller={"algorithm": "target", "initial": 8, "min": 1, "max": 8, "window": 4})
     s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
     seen: list[Sample] = []
     s.limits["http://b0"].update = seen.append  # type: ignore[method-assign]
+    return s, seen
+
+
+async def test_the_scheduler_feeds_the_tpot_part_beside_the_whole_ratio() -> None:
+    clock = FakeClock()
+    s, seen = _spied_target(clock)
     lease = await s.acquire(ticket(prompt=1))
     lease.release(None, "ok", ttft_s=4.0, tpot_s=0.03)
     assert seen[0].tpot_ratio == pytest.approx(0.5) and seen[0].latency_ratio == pytest.approx(2.0, rel=0.01)
@@ -308,10 +314,7 @@ def test_target_derives_the_prefill_duty_from_the_decode_step_under_the_aim() ->
 
 async def test_the_scheduler_feeds_the_prefill_its_engine_ran_during_the_decode() -> None:
     clock = FakeClock()
-    pol = policy(controller={"algorithm": "target", "initial": 8, "min": 1, "max": 8, "window": 4})
-    s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
-    seen: list[Sample] = []
-    s.limits["http://b0"].update = seen.append  # type: ignore[method-assign]
+    s, seen = _spied_target(clock)
     decoding = await s.acquire(ticket(prompt=100))
     decoding.started()  # its first byte at 1000.0
     clock.now = 1000.5
