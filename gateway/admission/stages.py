@@ -23,9 +23,10 @@ lists them: `BackendKind.capacity`, and which of them a request holds: `stages_o
   byte (its encoding is done by then); the items waiting must fit one batch, and a request with more items
   than a batch goes alone.
 
-Adaptive: the thinker's budget is the server's cap; the backend's adaptive concurrency limit (which follows
-TTFT: limits.py) counts the requests that do not speak — a speaking request holds a talker place for as
-long as it speaks, seconds after its text is done, and would starve text of slots. The talker's budget
+Adaptive: the thinker's budget is the server's cap; the backend's adaptive concurrency limit (limits/: by
+default aimed at the classes' TPOT objective) counts the requests that do not speak — a speaking request
+holds a talker place for as long as it speaks, seconds after its text is done, and would starve text of
+slots. The talker's budget
 follows the real-time factor of the streams that end: a stream slower than `rtf_target` shrinks it toward
 the number of streams that would have met it (those speaking × target / its RTF), by at most `decrease`
 per stream and never below `min_speaking`; one well inside it (below `rtf_target × grow_below`) while the
@@ -142,7 +143,7 @@ class StageBook:
 
     def speaking(self, backend: BackendState) -> int:
         """Requests on `backend` that hold the talker: they are bounded by its budget, so the backend's
-        concurrency limit — the thinker's, adapted to TTFT — counts the others only."""
+        concurrency limit — the thinker's, adapted to the TPOT objective — counts the others only."""
         return round(self._book(backend.url).use.get("talker", 0.0))
 
     def miss(self, ticket: Ticket, backend: BackendState) -> str | None:
