@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
 
 from gateway.asgi import send_error, send_json
@@ -183,6 +183,9 @@ class CompletionEndpoint:
             if not ex.started and not ex.disconnected:
                 ex.status = e.status
                 await send_error(send, e, ticket.rate_limits)  # refused after admission: the limits too
+        except ClientDisconnect:  # the client left while sending its body: nothing was admitted
+            ex.disconnected = True
+            ticket.outcome = Outcome.CANCELLED
         except Exception:
             log.exception("request %s failed", ticket.id)
             ticket.outcome, error = Outcome.INTERNAL_ERROR, "internal gateway error"

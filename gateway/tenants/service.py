@@ -168,7 +168,11 @@ class TenantService:
     async def _bootstrap(self) -> None:
         for entry in self.bootstrap:
             if await self.store.get_tenant(entry.id) is None:
-                await self.create_tenant(TenantCreate.model_validate(entry.model_dump(exclude={"keys"})))
+                try:
+                    await self.create_tenant(TenantCreate.model_validate(entry.model_dump(exclude={"keys"})))
+                except ApiError as e:  # another replica (a worker started beside this one) seeded it first
+                    if e.code != ErrorCode.TENANT_EXISTS:
+                        raise
             for plaintext in entry.keys:
                 if await self.store.key_by_hash(hash_key(plaintext)) is None:
                     record, _ = new_key(entry.id, "bootstrap", self.clock(), plaintext)

@@ -16,7 +16,7 @@ import orjson
 import pytest
 import yaml
 
-from tests.observability.exposition import sample_value
+from tests.observability.exposition import sample_sum, sample_value
 from tests.support.processes import ManagedProcess, Processes
 from tests.support.servers import free_port
 
@@ -180,3 +180,24 @@ def test_a_request_the_parser_cannot_read_is_a_json_400(strict: ManagedProcess) 
         status, headers, body = _response(_read_all(s))
     assert (status, headers["connection"], body["error"]["code"]) == (400, "close", "invalid_http")
     assert _refusals(strict, "bad_request") == 1
+
+
+def test_a_client_that_leaves_while_sending_its_body_is_cancelled_not_a_500(
+    few_connections: ManagedProcess,
+) -> None:
+    """The body is cut short (the connection closes after 10 of its 1,000 bytes): the request ends as
+    the client's cancel, not as an internal error that raises an alert."""
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: 1000\r\n\r\n"
+    )
+    with _connect(few_connections) as s:
+        s.sendall(head + b'{"model": ')
+    text = ""
+    for _ in range(100):  # the request is counted once the gateway noticed the close
+        text = httpx.get(few_connections.url + "/metrics").text
+        if sample_sum(text, "omnigate_requests_total"):
+            break
+        time.sleep(0.05)
+    assert sample_sum(text, "omnigate_requests_total", outcome="cancelled") == 1
+    assert sample_sum(text, "omnigate_requests_total", outcome="internal_error") == 0

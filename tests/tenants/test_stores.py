@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from gateway.errors import ApiError
-from gateway.tenants.models import QuotasPatch, TenantCreate, TenantPatch
-from gateway.tenants.service import QuotaExceeded, TenantService
+from gateway.tenants.models import QuotasPatch, TenantCreate, TenantPatch, TenantSpec
+from gateway.tenants.service import QuotaExceeded, TenantService, parse_bootstrap
 from gateway.tenants.settings import TenantDefaults
 from tests.tenants.conftest import T0, FakeClock
 from tests.tenants.test_quota import ts
@@ -270,3 +270,23 @@ async def test_bootstrap_tenants_are_created_once(service: TenantService) -> Non
     tenant = await service.authenticate("Bearer og-demo-key-0123456789")
     assert (tenant.id, tenant.quotas.rpm, len(await service.list_keys("demo"))) == ("demo", 9, 1)
     assert T0 > 0
+
+
+async def test_a_bootstrap_tenant_another_replica_created_meanwhile_is_no_error(
+    service: TenantService,
+) -> None:
+    """Two workers start together: each finds the config's tenant missing, one creates it first. The
+    other's create finds it there; it goes on to the keys instead of failing its start-up."""
+    entry = parse_bootstrap([{"id": "raced", "keys": ["og-raced-key-0123456789"]}])
+    service.bootstrap = entry
+    await service.create_tenant(TenantCreate(id="raced"))  # the other worker, between read and write
+    store = service.store
+    real_get = store.get_tenant
+
+    async def not_yet(tenant_id: str) -> TenantSpec | None:  # what this worker read before that
+        return None if tenant_id == "raced" else await real_get(tenant_id)
+
+    store.get_tenant = not_yet  # type: ignore[method-assign]
+    await service._bootstrap()
+    store.get_tenant = real_get  # type: ignore[method-assign]
+    assert (await service.authenticate("Bearer og-raced-key-0123456789")).id == "raced"
