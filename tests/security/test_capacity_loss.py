@@ -149,8 +149,10 @@ def test_a_deadline_refusal_is_429_at_whole_capacity_and_503_once_a_backend_is_l
     """The same burst with a deadline too tight for all of it (`x-omnigate-deadline-ms`) on backends of 4
     slots each, before and after one of the two is killed: the client's excess is a 429; the server's
     loss a 503 naming it."""
+    # engines at twice a GPU's speed: a 20-token answer holds its slot ~0.1 s, so a 0.3 s deadline leaves
+    # room for two or three rounds of 8 (4 after the loss) of the 60, however fast the box runs
     sims = [
-        procs.sim("--time-scale", "50", "--model", MODEL, "--seed", str(s), name=f"sim-{s}") for s in (1, 2)
+        procs.sim("--time-scale", "2", "--model", MODEL, "--seed", str(s), name=f"sim-{s}") for s in (1, 2)
     ]
     gw = Deployment(tmp_path, [s.url for s in sims], FOUR_SLOTS).start(procs)
     assert [a.status for a in asyncio.run(_burst(gw.url, 8, "warm"))] == [200] * 8  # hold times measured
