@@ -26,7 +26,11 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from _servers import MODEL, STREAM_BODY, STREAM_CHUNKS, WHOLE_BODY, Procs, start_backend
+
+from gateway.upstream import Upstream
 
 Fetch = Callable[[bytes], Awaitable[bytes]]
 HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
@@ -77,7 +81,25 @@ async def _aiohttp(url: str, limit: int) -> tuple[Fetch, Callable[[], Awaitable[
     return fetch, session.close
 
 
-CLIENTS = {"httpx.AsyncClient": _httpx, "httpcore pool": _httpcore, "aiohttp": _aiohttp}
+async def _upstream(url: str, limit: int) -> tuple[Fetch, Callable[[], Awaitable[None]]]:
+    client = Upstream(max_connections=limit, max_keepalive=limit)
+
+    async def fetch(payload: bytes) -> bytes:
+        response = await client.post(url, payload, HEADERS, connect_timeout=2.0)
+        try:
+            return b"".join([chunk async for chunk in response.iter_any()])
+        finally:
+            response.close()
+
+    return fetch, client.close
+
+
+CLIENTS = {
+    "httpx.AsyncClient": _httpx,
+    "httpcore pool": _httpcore,
+    "aiohttp": _aiohttp,
+    "gateway.upstream (httptools)": _upstream,
+}
 
 
 async def _measure(fetch: Fetch, payload: bytes, expected: bytes, count: int, concurrency: int) -> float:

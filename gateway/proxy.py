@@ -1,10 +1,11 @@
-"""Upstream I/O on aiohttp: open a request on one backend and relay its raw bytes, with explicit deadlines.
+"""Upstream I/O: open a request on one backend and relay its raw bytes, with explicit deadlines.
 
-aiohttp rather than httpx because the upstream client was most of the gateway's CPU per request
-(docs/decisions/0001-upstream-client-aiohttp.md).
+The connections are gateway/upstream.py's (asyncio protocols with httptools' parser): the upstream client
+was the largest part of the gateway's CPU per request (docs/decisions/0001-upstream-client-aiohttp.md,
+docs/decisions/0011-upstream-client-on-httptools.md).
 
 Opening ends when the first body bytes arrive (or fails with an UpstreamError saying whether a retry on
-another backend is safe). Relaying hands out the body as it arrives (`iter_any` coalesces what is already
+another backend is safe). Relaying hands out the body as it arrives (each read takes what is already
 buffered, bytes unchanged) under one Watchdog per request for the idle-gap and total deadlines.
 
 Failures are a small class hierarchy in the manner of httpx's exceptions, so callers branch on the type:
@@ -32,13 +33,12 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from types import TracebackType
 
-import aiohttp
 import anyio
 
 from gateway.errors import ErrorCode
+from gateway.upstream import ConnectFailed, Response, Upstream, UpstreamIOError
 
 # Identity encoding: bytes are relayed as they come, so the backend must not compress them.
 _FIXED_HEADERS = {"accept-encoding": "identity"}
@@ -119,12 +119,6 @@ class TruncatedStream(UpstreamProtocolError):
     label = "truncated"
 
 
-@lru_cache(maxsize=64)
-def client_timeout(connect: float) -> aiohttp.ClientTimeout:
-    """Only the socket connect is left to aiohttp; first byte, idle gap and total are enforced here."""
-    return aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect, sock_read=None)
-
-
 class Watchdog:
     """Idle-gap and total deadlines for a relay, with one timer per request instead of one per chunk.
 
@@ -188,7 +182,7 @@ class RelayGuard:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
         self.dog.stop()
-        if exc_type is not None and issubclass(exc_type, aiohttp.ClientError):
+        if exc_type is not None and issubclass(exc_type, UpstreamIOError):
             self._scope.__exit__(None, None, None)
             raise BrokenMidStream(f"Backend connection failed mid-stream: {exc_type.__name__}.") from None
         swallowed = bool(self._scope.__exit__(exc_type, exc, tb))
@@ -204,14 +198,14 @@ class OpenUpstream:
 
     __slots__ = ("deadline", "first", "response")
 
-    def __init__(self, response: aiohttp.ClientResponse, first: bytes, deadline: float) -> None:
+    def __init__(self, response: Response, first: bytes, deadline: float) -> None:
         self.response = response
         self.first = first
         self.deadline = deadline
 
     def chunks(self) -> AsyncIterator[bytes]:
         """The rest of the body as it arrives; each item is everything buffered at that moment."""
-        return self.response.content.iter_any()
+        return self.response.iter_any()
 
     def guard(self, deadlines: Deadlines) -> RelayGuard:
         return RelayGuard(deadlines.idle, self.deadline)
@@ -224,24 +218,8 @@ class OpenUpstream:
         self.response.close()
 
 
-def sent_trace() -> aiohttp.TraceConfig:
-    """A session's trace that calls a request's `sent` callback (its `trace_request_ctx`) when its body has
-    been written."""
-
-    async def chunk_sent(
-        session: aiohttp.ClientSession, ctx: object, params: aiohttp.TraceRequestChunkSentParams
-    ) -> None:
-        sent = getattr(ctx, "trace_request_ctx", None)
-        if callable(sent):
-            sent()
-
-    trace = aiohttp.TraceConfig()
-    trace.on_request_chunk_sent.append(chunk_sent)
-    return trace
-
-
 async def open_upstream(
-    session: aiohttp.ClientSession,
+    client: Upstream,
     url: str,
     payload: bytes,
     headers: dict[str, str],
@@ -251,40 +229,37 @@ async def open_upstream(
     sent: Callable[[], None] | None = None,
 ) -> OpenUpstream:
     """POST and wait for the first body bytes (streaming) or the whole body (non-streaming). `sent` is
-    called once the request's body is written to the backend's connection (the session must carry
-    `sent_trace()`): from then the engine has the request, and runs its prefill even if the gateway
-    hangs up at once (a server notices a closed connection only when it next writes or polls)."""
+    called once the request's body is written to the backend's connection: from then the engine has the
+    request, and runs its prefill even if the gateway hangs up at once (a server notices a closed
+    connection only when it next writes or polls)."""
     start = time.monotonic()
     deadline = start + deadlines.total
     wait = min(deadlines.first_byte, deadlines.total) if stream else deadlines.total
-    response: aiohttp.ClientResponse | None = None
+    response: Response | None = None
     try:
         with anyio.fail_after(wait):
-            response = await session.post(
+            response = await client.post(
                 url,
-                data=payload,
-                headers={**headers, **_FIXED_HEADERS},
-                timeout=client_timeout(deadlines.connect),
-                allow_redirects=False,
-                trace_request_ctx=sent,
+                payload,
+                {**headers, **_FIXED_HEADERS},
+                connect_timeout=deadlines.connect,
+                sent=sent,
             )
             if response.status != 200:
                 raise UpstreamStatusError(response.status, await response.read())
             try:
-                first = await (response.content.readany() if stream else response.read())
-            except aiohttp.ClientPayloadError as e:
-                raise CutAfterHeaders(
-                    f"Backend closed the answer before its first byte: {type(e).__name__}."
-                ) from None
+                first = await (response.readany() if stream else response.read())
+            except UpstreamIOError as e:
+                raise CutAfterHeaders(f"Backend closed the answer before its first byte: {e}.") from None
             if stream and not first:
                 raise CutAfterHeaders("Backend closed the stream before sending anything.")
         return OpenUpstream(response, first, deadline)
-    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+    except ConnectFailed as e:
         _close(response)
-        raise UpstreamConnectError(f"Cannot connect to backend: {type(e).__name__}.") from None
-    except aiohttp.ClientError as e:
+        raise UpstreamConnectError(f"Cannot connect to backend: {e}.") from None
+    except UpstreamIOError as e:
         _close(response)
-        raise BrokenBeforeFirstByte(f"Backend failed before the first byte: {type(e).__name__}.") from None
+        raise BrokenBeforeFirstByte(f"Backend failed before the first byte: {e}.") from None
     except TimeoutError:
         _close(response)
         late = FirstByteTimeout if stream else TotalTimeout
@@ -294,6 +269,6 @@ async def open_upstream(
         raise
 
 
-def _close(response: aiohttp.ClientResponse | None) -> None:
+def _close(response: Response | None) -> None:
     if response is not None:
         response.close()

@@ -1,6 +1,6 @@
-"""A pool of backends of one kind: one shared aiohttp session, live backend state, the health-check loop
-that asks the kind's adapter to probe each backend, and the holds on requests a server runs on after the
-gateway left them (`holds.py`), settled after each probe."""
+"""A pool of backends of one kind: one shared upstream client (gateway/upstream.py), live backend state,
+the health-check loop that asks the kind's adapter to probe each backend, and the holds on requests a server
+runs on after the gateway left them (`holds.py`), settled after each probe."""
 
 from __future__ import annotations
 
@@ -18,14 +18,10 @@ from gateway.backends.kinds import adapter_for
 from gateway.backends.settings import CircuitPolicy
 from gateway.backends.state import BackendState
 from gateway.config import PoolConfig
-from gateway.proxy import sent_trace
 from gateway.ticket import Ticket
+from gateway.upstream import KEEPALIVE_S, Upstream
 
 log = logging.getLogger("omnigate.backends")
-
-# Idle upstream connections close after this; below uvicorn's (SGLang's server) 5 s default so the gateway
-# never sends a request on a connection the backend is closing.
-KEEPALIVE_S = 4.0
 
 
 class Pool:
@@ -48,14 +44,15 @@ class Pool:
             BackendState(url=url, pool=config.name, name=f"{config.name}-{i}")
             for i, url in enumerate(config.backends)
         ]
-        self.client: aiohttp.ClientSession | None = None
+        self.client: Upstream | None = None
         self._probe: aiohttp.ClientSession | None = None
         self.holds = Holds(grace_s=config.health_interval_s)
 
     async def start(self) -> None:
-        """Open the sessions; timeouts come per request from the live policy (gateway/proxy.py)."""
-        self.client = _session(self.config.max_connections)
-        self._probe = _session(len(self.backends) * 2)
+        """Open the clients; timeouts come per request from the live policy (gateway/proxy.py). Health
+        checks and scrapes go through a small aiohttp session of their own, off the request path."""
+        self.client = Upstream(self.config.max_connections, self.config.max_keepalive)
+        self._probe = _probe_session(len(self.backends) * 2)
 
     async def close(self) -> None:
         self.holds.release_all()
@@ -129,14 +126,12 @@ class Pool:
         self._moved(state, circuit.health(state.breaker, self._circuit(), self._clock(), healthy))
 
 
-def _session(max_connections: int) -> aiohttp.ClientSession:
-    """Bytes pass through as sent (no decompression), no cookies, no proxy settings from the environment."""
+def _probe_session(max_connections: int) -> aiohttp.ClientSession:
+    """No cookies, no proxy settings from the environment."""
     connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_S)
     return aiohttp.ClientSession(
         connector=connector,
-        auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
         skip_auto_headers=("User-Agent",),
-        trace_configs=[sent_trace()],  # when a request's body is out: it is charged from then
     )
