@@ -46,6 +46,7 @@ from gateway.tenants.quota import (
     seconds_to_next_day,
     seconds_to_next_month,
 )
+from gateway.tenants.redis_batch import ScriptBatch
 from gateway.tenants.redis_scripts import LEVELS, RECORD, RESERVE, SETTLE
 from gateway.tenants.store import Health, Store, StoreState, StoreUnavailable, StoreUnusable
 
@@ -109,6 +110,7 @@ class RedisStore(Store):
         self._levels = self.redis.register_script(LEVELS)
         self._record = self.redis.register_script(RECORD)
         self._beat = self.redis.register_script(replicas.BEAT)
+        self._batch = ScriptBatch(self.redis)  # the per-request scripts, one pipeline per loop turn
         self._tenants: dict[str, TenantSpec] = {}
         self._keys: dict[str, KeyRecord] = {}
         # what was cached before the subscription broke: served only while Redis cannot be asked
@@ -362,7 +364,8 @@ class RedisStore(Store):
             _limit(quotas.daily_audio_seconds and quotas.daily_audio_seconds * 1000),
             _limit(quotas.monthly_audio_seconds and quotas.monthly_audio_seconds * 1000),
         ]
-        result = await self._call(lambda: self._reserve(keys=self._quota_keys(tenant_id, now), args=args))
+        keys = self._quota_keys(tenant_id, now)
+        result = await self._call(lambda: self._batch.call(self._reserve, keys, args))
         if int(result[0]) == 1:
             self._leases[reservation_id] = tenant_id
             levels = {n: float(v) for n, v in zip(BUCKET_LIMITS, result[1:6], strict=True) if v}
@@ -424,7 +427,7 @@ class RedisStore(Store):
         ]
         self._leases.pop(reservation_id, None)
         keys = [*self._quota_keys(tenant_id, reserved_at), self._mark_key(tenant_id, reservation_id)]
-        await self._call(lambda: self._settle(keys=keys, args=args))
+        await self._call(lambda: self._batch.call(self._settle, keys, args))
 
     async def record_usage(self, tenant_id: str, reservation_id: str, ts: float, usage: Charge) -> None:
         keys = [*self._quota_keys(tenant_id, ts)[2:], self._mark_key(tenant_id, reservation_id)]
@@ -437,7 +440,7 @@ class RedisStore(Store):
             *(_limit(getattr(quotas, name)) for name in BUCKET_LIMITS),
         ]
         keys = self._quota_keys(tenant_id, now)[:2]
-        result: list[Any] = await self._call(lambda: self._levels(keys=keys, args=args))
+        result: list[Any] = await self._call(lambda: self._batch.call(self._levels, keys, args))
         return result
 
     async def levels(self, tenant_id: str, quotas: Quotas, now: float) -> dict[str, float]:
