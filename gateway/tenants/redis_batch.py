@@ -27,16 +27,31 @@ class ScriptBatch:
         self._sending: set[asyncio.Task[None]] = set()
 
     async def call(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
-        """`script(keys, args)`'s reply, sent with the other calls of this loop turn."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+        """`script(keys, args)`'s reply, sent with the other calls of this loop turn. The turn's first
+        call waits the turn out, then sends: alone, itself; with company, from a task of its own, so
+        that no caller's cancellation cancels the others' calls."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.append((script, keys, args, future))
-        if len(self._pending) == 1:
-            loop.call_soon(self._flush)
+        if len(self._pending) > 1:
+            return await future
+        try:
+            await asyncio.sleep(0)  # the other calls of this turn join
+        except asyncio.CancelledError:
+            self._pending.remove((script, keys, args, future))
+            if self._pending:  # they go without it
+                self._spawn(self._take())
+            raise
+        batch = self._take()
+        if len(batch) == 1:
+            return await script(keys=keys, args=args)
+        self._spawn(batch)
         return await future
 
-    def _flush(self) -> None:
+    def _take(self) -> list[Call]:
         batch, self._pending = self._pending, []
+        return batch
+
+    def _spawn(self, batch: list[Call]) -> None:
         task = asyncio.get_running_loop().create_task(self._send(batch))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)

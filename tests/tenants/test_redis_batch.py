@@ -84,3 +84,17 @@ async def test_no_redis_fails_every_caller_of_the_turn() -> None:
     )
     assert all(isinstance(r, RedisConnectionError) for r in results)
     await client.aclose()
+
+
+async def test_a_turn_whose_first_caller_is_cancelled_still_sends_the_others(
+    redis_url: str, redis_prefix: str
+) -> None:
+    client, _, batch, script = await _setup(redis_url)
+    first = asyncio.create_task(batch.call(script, [f"{redis_prefix}k"], ["first"]))
+    second = asyncio.create_task(batch.call(script, [f"{redis_prefix}k"], ["second"]))
+    await asyncio.sleep(0)  # both joined the turn; the first waits it out
+    first.cancel()
+    assert await asyncio.wait_for(second, 2) == [f"{redis_prefix}k".encode(), b"second"]
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await client.aclose()
