@@ -5,7 +5,8 @@ redis-py costs a command's packing, a pooled connection and a response read of i
 requests reach the same turn of the loop; their calls go out together as one non-transactional pipeline
 (`EVALSHA` each, one write, one read of all replies), and each caller gets its own reply or error, as if
 it had called alone. A lone call goes the ordinary way. A script Redis does not hold (after its restart)
-is sent again by redis-py's script object, which loads it. Decision 0012.
+is sent again by redis-py's script object, which loads it.
+(docs/decisions/0012-redis-scripts-batched-per-loop-turn.md)
 """
 
 from __future__ import annotations
