@@ -122,6 +122,9 @@ class TenantService:
         self._replay_failed: set[str] = set()  # outbox entries whose failure was logged already
         self.defaults = defaults or TenantDefaults()
         self._anonymous: Tenant | None = None
+        # tenant id → (the stored spec, the defaults, the Tenant they resolve to): the stores hand out the
+        # same spec object until it changes, so a request resolves (a pydantic build) only after a change
+        self._resolved: dict[str, tuple[TenantSpec, TenantDefaults, Tenant]] = {}
         self.failure = failure
         self.clock = clock
         self.bootstrap = bootstrap or []
@@ -283,7 +286,12 @@ class TenantService:
         if spec is None:
             metrics.AUTH_FAILURES.labels("invalid").inc()
             raise ApiError(401, "Invalid API key.", code=ErrorCode.INVALID_API_KEY)
-        return spec.resolve(self.defaults)
+        cached = self._resolved.get(spec.id)
+        if cached is not None and cached[0] is spec and cached[1] is self.defaults:
+            return cached[2]
+        tenant = spec.resolve(self.defaults)
+        self._resolved[spec.id] = (spec, self.defaults, tenant)
+        return tenant
 
     def anonymous(self) -> Tenant:
         """The tenant used when `auth.required` is false: policy defaults, no quotas."""
@@ -500,6 +508,7 @@ class TenantService:
             raise ApiError(
                 404, f"No tenant {tenant_id!r}.", code=ErrorCode.TENANT_NOT_FOUND, param="tenant_id"
             )
+        self._resolved.pop(tenant_id, None)
         log.info("tenant %s deleted", tenant_id)
 
     async def create_key(self, tenant_id: str, name: str = "") -> tuple[KeyRecord, str]:

@@ -250,6 +250,16 @@ async def test_policy_defaults_resolve_live_and_priority_is_clamped(service: Ten
     )
 
 
+async def test_a_tenant_changed_after_a_request_is_seen_changed_by_the_next(service: TenantService) -> None:
+    key = await make_tenant(service, "acme", max_priority=4)
+    first = await service.authenticate(f"Bearer {key}")
+    assert first.max_priority == 4
+    assert await service.authenticate(f"Bearer {key}") == first
+    await service.update_tenant("acme", TenantPatch(max_priority=2, weight=3.0))
+    changed = await service.authenticate(f"Bearer {key}")
+    assert (changed.max_priority, changed.weight) == (2, 3.0)
+
+
 async def test_new_tenants_take_default_quotas(service: TenantService) -> None:
     service.set_defaults(TenantDefaults(quotas={"rpm": 7}))
     assert (await service.create_tenant(TenantCreate(id="x"))).quotas.rpm == 7
