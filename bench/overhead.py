@@ -192,8 +192,21 @@ def check_bodies(lc: LoadClient, targets: list[Target]) -> list[str]:
     return problems
 
 
+def settle(procs: Procs, most: float = 5.0) -> None:
+    """Wait (at most `most` seconds) until every process together is below a tenth of a core: a target
+    still working off the last cell's load (LiteLLM's logging, a backlog) would slow the next one."""
+    pids = [p.pid for p in procs.procs.values() if p.poll() is None]
+    deadline = time.monotonic() + most
+    while time.monotonic() < deadline:
+        before = sum(cpu_seconds(pid) for pid in pids)
+        time.sleep(0.2)
+        if sum(cpu_seconds(pid) for pid in pids) - before < 0.02:
+            return
+
+
 def measure(lc: LoadClient, procs: Procs, t: Target, load: Load, warmup: float) -> Result:
-    """Warm up (discarded), then measure; process CPU is read around the measured part only."""
+    """Settle, warm up (discarded), then measure; process CPU is read around the measured part only."""
+    settle(procs)
     if warmup > 0:
         lc.run(replace(load, duration=warmup))
     pids = {name: procs.procs[name].pid for name in {*t.procs, "backend"}}
