@@ -293,35 +293,23 @@ async def test_the_scheduler_feeds_the_tpot_part_beside_the_whole_ratio() -> Non
     assert seen[0].tpot_ratio == pytest.approx(0.5) and seen[0].latency_ratio == pytest.approx(2.0, rel=0.01)
 
 
-def test_target_sets_the_prefill_duty_that_all_but_one_percent_of_recent_requests_allow() -> None:
-    lim = _target()  # window 4, tail_window 8, headroom 0.9: of at most 8 bounds, the smallest rules
-    # (TPOT ratio, prefill share) → step = ratio × (1 − share); bound = (1 − step / 0.9) × duty / share
-    for i, (ratio, share) in enumerate([(0.6, 0.5), (0.8, 0.5), (0.5, 0.0)]):  # bounds 4/3, 10/9, inf
+def test_target_derives_the_prefill_duty_from_the_decode_step_under_the_aim() -> None:
+    lim = _target()  # window 4, headroom 0.9
+    steps = [(0.6, 0.5), (0.8, 0.5), (0.5, 0.0), (1.2, 0.75)]  # decode steps 0.3, 0.4, 0.5, 0.3
+    for i, (ratio, share) in enumerate(steps[:3]):
         lim.update(Sample(float(i), in_flight=16, tpot_ratio=ratio, prefill_share=share))
-    assert lim.prefill_duty == 1.0  # three samples: not a window yet
-    lim.update(Sample(3.0, in_flight=16, tpot_ratio=1.2, prefill_share=0.75))  # step 0.3: bound 8/9
-    assert lim.prefill_duty == pytest.approx(8 / 9)
-    lim.update(Sample(4.0, in_flight=16, tpot_ratio=5.0))  # no share known: no bound
-    assert lim.prefill_duty == pytest.approx(8 / 9)
-    lim.update(Sample(5.0, in_flight=16, tpot_ratio=0.5, prefill_share=0.5))  # at duty 8/9: bound 1.28
-    assert lim.prefill_duty == pytest.approx(8 / 9)
-    lim.update(Sample(6.0, in_flight=16, tpot_ratio=1.0, prefill_share=0.0))  # the step alone misses
-    assert lim.prefill_duty == pytest.approx(0.2)  # no duty helps it: the floor
+    assert lim.prefill_duty == 1.0  # three steps: not a window yet
+    lim.update(Sample(3.0, in_flight=16, tpot_ratio=1.2, prefill_share=0.75))
+    assert lim.prefill_duty == pytest.approx(1 - 0.35 / 0.9)  # median step 0.35
+    lim.update(Sample(4.0, in_flight=16, tpot_ratio=5.0))  # no share known: no step
+    assert lim.prefill_duty == pytest.approx(1 - 0.35 / 0.9)
+    for i in range(4):
+        lim.update(Sample(5.0 + i, in_flight=16, tpot_ratio=1.0, prefill_share=0.0))
+    assert lim.prefill_duty == pytest.approx(0.2)  # the step alone over the aim: the floor
     for algorithm in ("fixed", "aimd", "gradient"):
         other = make_limit(_policy(algorithm))
         other.update(Sample(0.0, in_flight=16, latency_ratio=1.0, tpot_ratio=1.0, prefill_share=0.0))
         assert other.prefill_duty == 1.0
-
-
-def test_one_request_in_a_hundred_does_not_set_the_duty_two_do() -> None:
-    lim = _target(window=32, tail_window=200)
-    for i in range(199):  # step 0.45, share 0.25 at duty 1: bound (1 − 0.5) / 0.25 = 2 → duty 1
-        lim.update(Sample(float(i), in_flight=16, tpot_ratio=0.6, prefill_share=0.25))
-    assert lim.prefill_duty == 1.0
-    lim.update(Sample(199.0, in_flight=16, tpot_ratio=1.0, prefill_share=0.7))  # step 0.3: bound 0.952
-    assert lim.prefill_duty == 1.0  # one in 200: the 2nd-smallest bound rules
-    lim.update(Sample(200.0, in_flight=16, tpot_ratio=1.0, prefill_share=0.7))  # the oldest leaves
-    assert lim.prefill_duty == pytest.approx((1 - 0.3 / 0.9) / 0.7)
 
 
 async def test_the_scheduler_feeds_the_prefill_its_engine_ran_during_the_decode() -> None:

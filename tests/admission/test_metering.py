@@ -88,10 +88,8 @@ def test_the_target_limits_duty_scales_the_metered_budget() -> None:
     )
     s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
     assert s.snapshot()["prefill_tokens_per_round"] == 500  # 0.5 × prior 10000 tokens/s × 0.1 s
-    for i in range(
-        4
-    ):  # step 2.7 × 0.2 = 0.54 of the objective under prefill 0.8: duty (1 − 0.54 / 0.9) / 0.8
-        s.limits["http://b0"].update(Sample(float(i), in_flight=8, tpot_ratio=2.7, prefill_share=0.8))
+    for i in range(4):  # decode steps at 0.45 of the objective: duty 1 − 0.45 / 0.9
+        s.limits["http://b0"].update(Sample(float(i), in_flight=8, tpot_ratio=0.9, prefill_share=0.5))
     snap = s.snapshot()
     assert snap["backends"][0]["prefill_duty"] == 0.5 and snap["prefill_tokens_per_round"] == 250
 
@@ -109,7 +107,7 @@ async def test_the_queue_predicts_first_tokens_at_the_metered_pace() -> None:
     await settle()
     assert len(s.queue) == 2  # behind 12000 tokens at 10000 tokens/s: first token in 1.2 s < 2 s
     for i in range(4):  # duty 0.5: the rounds send prompts at half the rate, the same wait is 2.4 s
-        s.limits["http://b0"].update(Sample(float(i), in_flight=1, tpot_ratio=2.7, prefill_share=0.8))
+        s.limits["http://b0"].update(Sample(float(i), in_flight=1, tpot_ratio=0.9, prefill_share=0.5))
     with pytest.raises(ApiError) as exc, anyio.fail_after(1):
         await s.acquire(ticket(arrival=clock.now, prompt=100))
     assert (exc.value.status, exc.value.code) == (429, "slo_unattainable")

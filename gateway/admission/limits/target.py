@@ -7,9 +7,8 @@
     limit ← limit · error^gain                    per sample; growth only while in use (in_flight ≥ limit/2)
     drop:   limit ← limit · backoff               at most once per cooldown_s
 
-    step  = ratio · (1 − share)          share: of its decode, the engine's time on prefill; step: the rest
-    bound = (1 − step / headroom) · duty / share    the largest duty under which it keeps the aim
-    duty  = clamp(Q01(last tail_window bounds), MIN_DUTY, 1)           `prefill_duty`
+    step  = ratio · (1 − prefill share of its decode)   the decode step alone, in units of the objective
+    duty  = clamp(1 − median(last window steps) / headroom, MIN_DUTY, 1)   `prefill_duty`
 
 The objective is a P99, but the P99 of a few dozen samples is their maximum — one stalled short answer.
 The recent Q90 moves with the load within seconds; the P99/P90 ratio is a property of the workload's
@@ -29,18 +28,15 @@ The limit sets the decode step; what stretches a TPOT beyond it is the prefill t
 two of the request's tokens (prefill goes before decode), and the TPOT tail is a short answer caught by a
 burst of prompts. A request's TPOT is its step / (1 − the share of its decode time spent on prefill), so a
 decoding request keeps the objective while prefill takes at most `1 − step / (headroom × objective)` of
-the engine. The round's metered prefill budget is scaled by the duty (rounds.py), so the share a request
-sees grows with it: at a duty d' a recent request would have seen share · d' / duty, and kept the aim
-while that stays under 1 − step / headroom — its bound. The objective is a P99, so the duty is the one
-all but 1 % of the recent requests allow (the step recovered from each sample's TPOT and the prefill the
-gateway sent its engine while it decoded; decisions 0452, 0453). A request that saw no prefill allows
-any duty; one whose step alone is over the aim allows none, and if more than 1 % are such, cutting the
-batch is the limit's job (the floor keeps the queue moving). Until `window` samples exist the duty is 1.
+the engine: that is the duty the round's metered prefill budget is scaled by (rounds.py), the step
+recovered from each sample's TPOT and the prefill the gateway sent its engine while it decoded
+(decision 0452). Until `window` samples exist the duty is 1.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from bisect import bisect_left, insort
 from collections import deque
 from itertools import islice
@@ -50,7 +46,6 @@ from gateway.admission.settings import ControllerPolicy
 
 MAX_TAIL = 3.0  # a tail estimate beyond this is a handful of outliers, not the mix's shape
 MIN_DUTY = 0.2  # a step alone over the aim is the limit's to cut; the queue's prefill still moves
-MISS_SHARE = 0.01  # the objective is a P99: the duty may be one that 1 % of recent requests disallow
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -63,8 +58,7 @@ class TargetLimit(Bounded):
         super().__init__(policy, start)
         self._ratios: deque[float] = deque(maxlen=policy.tail_window)
         self._sorted: list[float] = []  # the same ratios in order: quantiles without a sort per sample
-        self._bounds: deque[float] = deque(maxlen=policy.tail_window)  # each sample's largest duty
-        self._sorted_bounds: list[float] = []
+        self._steps: deque[float] = deque(maxlen=policy.window)  # decode steps / objective
         self._duty = 1.0
         self.aim: float | None = None  # observable: the Q90 aimed at, and the Q90 last measured
         self.recent_q90: float | None = None
@@ -83,7 +77,10 @@ class TargetLimit(Bounded):
         self._ratios.append(ratio)
         insort(self._sorted, ratio)
         if sample.prefill_share is not None:
-            self._bound(sample.tpot_ratio, sample.prefill_share)
+            self._steps.append(sample.tpot_ratio * (1.0 - sample.prefill_share))
+            if len(self._steps) == p.window:
+                step = statistics.median(self._steps)
+                self._duty = min(1.0, max(MIN_DUTY, 1.0 - step / p.headroom))
         if len(self._ratios) < p.window:
             return
         whole = self._sorted
@@ -95,21 +92,6 @@ class TargetLimit(Bounded):
         if error > 1.0 and sample.in_flight * 2 < self.limit:
             return  # app-limited: low latency at low use says nothing about a higher limit
         self._set(self._value * error**p.gain, sample.now)
-
-    def _bound(self, ratio: float, share: float) -> None:
-        """Add the sample's largest duty (see the module's formula) and re-read the duty."""
-        step = ratio * (1.0 - share)
-        slack = 1.0 - step / self.policy.headroom
-        bound = math.inf if share <= 0 else slack * self._duty / share
-        if slack <= 0:
-            bound = 0.0  # its step alone misses: no duty helps it
-        if len(self._bounds) == self._bounds.maxlen:
-            del self._sorted_bounds[bisect_left(self._sorted_bounds, self._bounds[0])]
-        self._bounds.append(bound)
-        insort(self._sorted_bounds, bound)
-        if len(self._bounds) >= self.policy.window:
-            allowed = quantile(self._sorted_bounds, MISS_SHARE)
-            self._duty = min(1.0, max(MIN_DUTY, allowed))
 
     @property
     def prefill_duty(self) -> float:
