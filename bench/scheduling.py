@@ -191,7 +191,7 @@ class House:
         return f"http://127.0.0.1:{port}"
 
     def stop(self, name: str, url: str) -> None:
-        """Print the gateway's own view (rejections by reason, final limits) and its CPU
+        """Print the gateway's own view (rejections by reason, final limits and prefill duties) and its CPU
         share (near 100 % means the gateway, not admission, set the figures), then stop it."""
         pid = self.procs.procs[name].pid
         cpu = cpu_seconds(pid) / max(1e-9, time.monotonic() - self.started.pop(name))
@@ -200,7 +200,11 @@ class House:
             pool = httpx.get(url + "/admin/state", headers={"authorization": "Bearer bench"}, timeout=5)
             snap = pool.json()["pools"]["interactive"]
             limits = [b["limit"] for b in snap["backends"]]
-            print(f"  {name}: rejections {snap['rejections']}, final limits {limits}", flush=True)
+            duties = [b.get("prefill_duty", 1.0) for b in snap["backends"]]
+            print(
+                f"  {name}: rejections {snap['rejections']}, final limits {limits}, prefill duties {duties}",
+                flush=True,
+            )
             if any("budget" in st for b in snap["backends"] for st in b["stages"]):
                 budgets = [{st["stage"]: st["budget"] for st in b["stages"]} for b in snap["backends"]]
                 print(f"  {name}: final stage budgets {budgets}", flush=True)
