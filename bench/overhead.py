@@ -346,12 +346,15 @@ def _default_policy_lines(kind: str, results: Results, top: dict[str, Result]) -
     return lines
 
 
-def loop_seconds(steps: int = 10**7) -> float:
+LOOP_STEPS = 10**7
+
+
+def loop_seconds() -> float:
     """Seconds one core takes for a plain Python loop: the box's speed, so absolute µs from two boxes
     can be told apart from a change in the code."""
     t0 = time.perf_counter()
     total = 0
-    for i in range(steps):
+    for i in range(LOOP_STEPS):
         total += i
     return time.perf_counter() - t0
 
@@ -360,7 +363,7 @@ def machine_note(load_before: tuple[float, float, float], loop_s: float) -> str:
     cores = len(os.sched_getaffinity(0))
     return (
         f"Machine: {cores} cores; load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after; "
-        f"a 10^7-step Python loop took {loop_s:.2f} s before the run.\n"
+        f"a {LOOP_STEPS:,}-step Python loop took {loop_s:.2f} s before the run.\n"
         f"Client, backend and proxy are three busy processes on {cores} cores (plus whatever else runs), "
         "so max req/s\nis what this box gives, not a dedicated core per proxy; a proxy near 100 % CPU is "
         "the bottleneck, one far\nbelow is held back by the others. 'proxy CPU µs/req' is the proxy's own "

@@ -200,7 +200,7 @@ class House:
             pool = httpx.get(url + "/admin/state", headers={"authorization": "Bearer bench"}, timeout=5)
             snap = pool.json()["pools"]["interactive"]
             limits = [b["limit"] for b in snap["backends"]]
-            duties = [b.get("prefill_duty", 1.0) for b in snap["backends"]]
+            duties = [b["prefill_duty"] for b in snap["backends"]]
             print(
                 f"  {name}: rejections {snap['rejections']}, final limits {limits}, prefill duties {duties}",
                 flush=True,
