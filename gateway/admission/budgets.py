@@ -39,8 +39,21 @@ def kv_miss(ticket: Ticket, backend: BackendState, budgets: PoolBudgets) -> str 
 
 def bucket_full(ticket: Ticket, backend: BackendState, budgets: PoolBudgets) -> bool:
     """Is `ticket`'s modality bucket at its cap on `backend`?"""
-    cap = budgets.bucket_caps.get(ticket.bucket)
-    return cap is not None and backend.bucket_active.get(ticket.bucket, 0) >= cap
+    return _at_cap(ticket.bucket, backend, budgets)
+
+
+def _at_cap(bucket: str, backend: BackendState, budgets: PoolBudgets) -> bool:
+    cap = budgets.bucket_caps.get(bucket)
+    return cap is not None and backend.bucket_active.get(bucket, 0) >= cap
+
+
+def full_buckets(backends: Iterable[BackendState], budgets: PoolBudgets) -> frozenset[str]:
+    """The buckets at their cap on every available backend: their requests wait for their own bucket,
+    and the queue's predictions let the others pass them (queue.Ahead); none without a backend."""
+    usable = [b for b in backends if b.available]
+    if not usable:
+        return frozenset()
+    return frozenset(k for k in budgets.bucket_caps if all(_at_cap(k, b, budgets) for b in usable))
 
 
 def own_backends(

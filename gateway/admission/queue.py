@@ -16,9 +16,9 @@ lets the deadline sweep shed the oldest, which would have been late anyway. "Wit
 CoDel judges a standing queue) so that a burst which drains — a light tenant's three prompts arriving
 together — keeps EDF: there the oldest is not late, and serving it last would make it so.
 
-`projected()` replays that order dispatch by dispatch (VTC re-sorts tenants after every charge) to tell
-how many prefill tokens go before each entry. The queue only holds and orders; admission checks live in
-shedding.py, placement in dispatch.py.
+`projected()` replays that order dispatch by dispatch (VTC re-sorts tenants after every charge), and
+`Ahead` counts along it how many requests and prefill tokens go before each entry. The queue only holds
+and orders; admission checks live in shedding.py, placement in dispatch.py.
 """
 
 from __future__ import annotations
@@ -65,6 +65,32 @@ class Entry:
     def order_key(self) -> tuple[bool, float, int]:
         """Inside its tenant: one queued again goes first (it had its turn), then EDF, then arrival."""
         return (not self.requeued, self.deadline, self.seq)
+
+
+class Ahead:
+    """What is dispatched before an entry, counted along the `projected` order: requests and their prefill
+    tokens. A request whose modality bucket is at its cap on every backend (`full`) is passed by the
+    others (dispatch.py's head-of-line rule): it counts only for the requests of its own bucket."""
+
+    def __init__(self, full: frozenset[str] = frozenset()) -> None:
+        self.full = full
+        self._all = (0, 0)
+        self._held: dict[str, tuple[int, int]] = {}  # full bucket → (requests, tokens)
+
+    def of(self, entry: Entry) -> tuple[int, int]:
+        """(requests, prefill tokens) ahead of `entry`."""
+        held = self._held.get(entry.ticket.bucket, (0, 0))
+        return self._all[0] + held[0], self._all[1] + held[1]
+
+    def add(self, entry: Entry) -> None:
+        """`entry` goes before the ones still to come."""
+        bucket = entry.ticket.bucket
+        n, tokens = self._held.get(bucket, (0, 0)) if bucket in self.full else self._all
+        counted = (n + 1, tokens + entry.prompt_tokens)
+        if bucket in self.full:
+            self._held[bucket] = counted
+        else:
+            self._all = counted
 
 
 def effective_deadline(ticket: Ticket, slo: SLOClass) -> float:
@@ -200,19 +226,23 @@ class SLOQueue:
         """Queued prompt tokens, of one band or of all."""
         return sum(self._band_tokens.values()) if band is None else self._band_tokens.get(band, 0)
 
-    def prefill_ahead(self, entry: Entry) -> int:
+    def prefill_ahead(self, entry: Entry, full: frozenset[str] = frozenset()) -> int:
         """Prefill tokens dispatched before `entry` (queued or a candidate) if nothing else arrives."""
-        return self.ahead_of(entry)[1]
+        return self.ahead_of(entry, full)[1]
 
-    def ahead_of(self, entry: Entry) -> tuple[int, int]:
-        """(entries, prefill tokens) dispatched before `entry` (queued or a candidate), as `projected`."""
-        if not self._len:  # a candidate alone: nothing goes first
-            return 0, 0
-        return next((i, ahead) for i, (e, ahead) in enumerate(self.projected(entry)) if e is entry)
+    def ahead_of(self, entry: Entry, full: frozenset[str] = frozenset()) -> tuple[int, int]:
+        """(entries, prefill tokens) dispatched before `entry` (queued or a candidate) in the `projected`
+        order, while the buckets in `full` stay at their cap (`Ahead`)."""
+        ahead = Ahead(full)
+        if self._len:  # a candidate alone: nothing goes first
+            for e in self.projected(entry):
+                if e is entry:
+                    break
+                ahead.add(e)
+        return ahead.of(entry)
 
-    def projected(self, candidate: Entry | None = None) -> Iterator[tuple[Entry, int]]:
-        """Waiting entries (plus an unqueued `candidate`) in dispatch order, each with the prefill tokens
-        dispatched before it.
+    def projected(self, candidate: Entry | None = None) -> Iterator[Entry]:
+        """Waiting entries (plus an unqueued `candidate`) in the order they would be dispatched.
 
         Bands go strictly from the top; inside a band tenants under their share come first (their standing
         is taken as of now) and VTC is replayed on a copy of the counters (each dispatch charges the entry's
@@ -231,7 +261,6 @@ class SLOQueue:
             own = list(tenants.get(candidate.tenant, []))
             bisect.insort(own, candidate, key=lambda e: e.order_key)
             tenants[candidate.tenant] = own
-        ahead = 0
         for band in sorted(bands, reverse=True):
             tenants = {t: self._service_order(lst) for t, lst in bands[band].items()}
             key = self._tenant_key if len(tenants) > 1 else _alone  # a lone tenant's key orders nothing
@@ -240,8 +269,7 @@ class SLOQueue:
             while heap:
                 (over, _, tenant), i = heapq.heappop(heap)
                 entry = tenants[tenant][i]
-                yield entry, ahead
-                ahead += entry.prompt_tokens
+                yield entry
                 counters[tenant] += entry.charge
                 if i + 1 < len(tenants[tenant]):
                     heapq.heappush(heap, ((over, counters[tenant], tenant), i + 1))

@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from gateway.admission.budgets import backend_load
+from gateway.admission.budgets import backend_load, full_buckets
 from gateway.admission.decision import Decision
 from gateway.admission.dispatch import Dispatcher
 from gateway.admission.fairness import VirtualTokenCounters, token_charge
@@ -150,7 +150,7 @@ class PoolScheduler:
             deadline -= self.dispatcher.stages.first_audio_lag(ticket)
         entry = Entry(ticket, slo, deadline, weight, now, charge, exclude=excluded, requeued=requeued)
         self.rate.configure(settings.queue)
-        victim = self.guard.admit(entry, now, self._capacity())
+        victim = self.guard.admit(entry, now, self._capacity(), self._full_buckets(settings))
         waiter = self._waiters[entry] = Waiter(anyio.Event())
         if victim is not None:
             self._fail(victim, displaced_error())
@@ -251,7 +251,10 @@ class PoolScheduler:
         now = self.clock()
         self.rate.configure(settings.queue)
         if self.queue and now >= self._next_sweep:
-            for entry, err in self.guard.sweep(now, self._capacity(), self._sweep_slot_wait(settings)):
+            swept = self.guard.sweep(
+                now, self._capacity(), self._sweep_slot_wait(settings), self._full_buckets(settings)
+            )
+            for entry, err in swept:
                 self._fail(entry, err)
             self._next_sweep = now + settings.queue.recheck_interval_s
             self.dispatcher.standing.recent.forget(now, settings.fairness.share_window_s)
@@ -439,6 +442,9 @@ class PoolScheduler:
 
     def _available(self) -> int:
         return sum(1 for b in self.backends if b.available)
+
+    def _full_buckets(self, settings: AdmissionSettings) -> frozenset[str]:
+        return full_buckets(self.backends, settings.budgets.for_pool(self.pool))
 
     def _capacity(self) -> float:
         """The available backends this pool's queue drains into: all of them, or this replica's part of

@@ -1,17 +1,17 @@
 """Honest early rejection: who may enter a pool's queue, and who must leave it before being served.
 
-Predicted start = now + (prefill tokens the queue dispatches first, SLOQueue.projected) / (per-backend
-prefill rate × available backends — this replica's part of them when replicas share the engines, one
-backend's worth when none is available); predicted first token = start + own prefill tokens / per-backend
-rate. A request of a class that sheds by deadline is refused as soon as its predicted first token falls
-after its deadline — 429 `slo_unattainable` while the pool has its whole capacity, 503
-`capacity_unavailable` once it has lost a backend (turnover.capacity_lost: the server's loss, not the
-client's excess) — at enqueue, and again on every sweep while it waits — unless nothing is queued ahead
-of it (the head) and either a backend has room, when it starts now whatever the prediction, or it waits
-only for a slot that the backends' turnover frees in time for its own prefill at the engine's nominal
-rate. Past the head the slots are predicted too: the requests ahead take the free slots first, and the
-ones lacking free at the pool's turnover — when decodes hold every slot (or a tenant is held to its
-share), that, not prefill, is the wait.
+Predicted start = now + (prefill tokens the queue dispatches first, queue.Ahead: a request whose bucket is at
+its cap everywhere holds up only its own bucket's) / (per-backend prefill rate × available backends — this
+replica's part of them when replicas share the engines, one backend's worth when none is available);
+predicted first token = start + own prefill tokens / per-backend rate. A request of a class that sheds by
+deadline is refused as soon as its predicted first token falls after its deadline — 429 `slo_unattainable`
+while the pool has its whole capacity, 503 `capacity_unavailable` once it has lost a backend
+(turnover.capacity_lost: the server's loss, not the client's excess) — at enqueue, and again on every sweep
+while it waits — unless nothing is queued ahead of it (the head) and either a backend has room, when it
+starts now whatever the prediction, or it waits only for a slot that the backends' turnover frees in time for
+its own prefill at the engine's nominal rate. Past the head the slots are predicted too: the requests ahead
+take the free slots first, and the ones lacking free at the pool's turnover — when decodes hold every slot
+(or a tenant is held to its share), that, not prefill, is the wait.
 Depth is capped per class; when full, a more urgent arrival displaces the newest request of the lowest
 band below it (503 `displaced`), else it is refused (503 `queue_full`). Every class is bounded by its
 max wait (503 `queue_timeout`). A request queued again after its dispatch (`Entry.requeued`: a loan
@@ -27,7 +27,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.admission.queue import Entry, SLOQueue
+from gateway.admission.queue import Ahead, Entry, SLOQueue
 from gateway.admission.settings import QueuePolicy
 from gateway.errors import ApiError, ErrorCode
 
@@ -133,20 +133,23 @@ class QueueGuard:
         self.rejections: Counter[tuple[str, str]] = Counter()
 
     def predict(self, entry: Entry, now: float, backends: float, ahead: int | None = None) -> Prediction:
-        """`ahead` defaults to the queue's projection for `entry` (SLOQueue.projected)."""
+        """`ahead` defaults to the queue's projection for `entry` (SLOQueue.prefill_ahead)."""
         per_backend = self.rate.at(now)
         if ahead is None:
             ahead = self.queue.prefill_ahead(entry)
         start = now + ahead / (per_backend * (backends if backends > 0 else 1))
         return Prediction(ahead, start, start + entry.prompt_tokens / per_backend)
 
-    def admit(self, entry: Entry, now: float, backends: float) -> Entry | None:
-        """Queue `entry` or raise its refusal; returns the entry it displaced (already removed), if any."""
+    def admit(
+        self, entry: Entry, now: float, backends: float, full: frozenset[str] = frozenset()
+    ) -> Entry | None:
+        """Queue `entry` or raise its refusal; returns the entry it displaced (already removed), if any.
+        `full`: the buckets at their cap on every backend (their requests are passed by, queue.Ahead)."""
         self.queue.stamp(entry)
         if entry.requeued:
             self.queue.push(entry)
             return None
-        entries_ahead, ahead = self.queue.ahead_of(entry)
+        entries_ahead, ahead = self.queue.ahead_of(entry, full)
         refusal = self._unattainable(entry, now, backends, ahead, entries_ahead, self.slot_wait)
         if refusal is not None:
             raise refusal
@@ -171,11 +174,15 @@ class QueueGuard:
         return victim
 
     def sweep(
-        self, now: float, backends: float, slot_wait: SlotWait | None = None
+        self,
+        now: float,
+        backends: float,
+        slot_wait: SlotWait | None = None,
+        full: frozenset[str] = frozenset(),
     ) -> list[tuple[Entry, ApiError]]:
         """Remove every waiting entry past its max wait or that can no longer meet its deadline (the head
         judged by its slot wait, see the class). `slot_wait` replaces the guard's own for this sweep (the
-        scheduler's reuses one decision for every queued entry)."""
+        scheduler's reuses one decision for every queued entry); `full` as for `admit`."""
         slot_wait = slot_wait or self.slot_wait
         out: list[tuple[Entry, ApiError]] = []
         for entry in self.queue.entries():
@@ -188,15 +195,14 @@ class QueueGuard:
                     retry_after=1.0,
                 )
                 out.append((entry, self._refuse(ErrorCode.QUEUE_TIMEOUT, entry.ticket.traffic_class, err)))
-        shed_tokens = 0  # every entry shed below was projected ahead of the ones after it
-        kept = 0
-        for entry, ahead in list(self.queue.projected()):
-            refusal = self._unattainable(entry, now, backends, ahead - shed_tokens, kept, slot_wait)
+        kept = Ahead(full)  # only what stays goes before the entries after it
+        for entry in list(self.queue.projected()):
+            entries_ahead, ahead = kept.of(entry)
+            refusal = self._unattainable(entry, now, backends, ahead, entries_ahead, slot_wait)
             if refusal is None:
-                kept += 1
+                kept.add(entry)
             else:
                 self.queue.remove(entry)
-                shed_tokens += entry.prompt_tokens
                 out.append((entry, refusal))
         return out
 

@@ -68,12 +68,28 @@ def test_prediction_counts_only_the_vtc_share_of_a_heavy_tenant_backlog() -> Non
     # light is lifted to 150: heavy's first (150 → 250) goes first on the name tie, then light (150 < 250)
     assert q.prefill_ahead(light) == 100
     q.push(light)
-    assert [(e.tenant, ahead) for e, ahead in q.projected()][:3] == [
+    assert [(e.tenant, q.prefill_ahead(e)) for e in q.projected()][:3] == [
         ("heavy", 0),
         ("light", 100),
         ("heavy", 200),
     ]
     assert q.prefill_ahead(heavy[3]) == 400
+
+
+def test_a_request_of_a_full_bucket_is_ahead_only_of_its_own_bucket() -> None:
+    """The dispatcher passes a request whose bucket is at its cap everywhere; the projection does too."""
+    q = _queue()
+    first = entry(ticket(bucket="multi_image", prompt=3000, deadline=1001.0))
+    text = entry(ticket(bucket="text", prompt=100, deadline=1001.2))
+    second = entry(ticket(bucket="multi_image", prompt=2000, deadline=1001.4))
+    for e in (first, text, second):
+        q.push(e)
+    late = entry(ticket(bucket="single_image", prompt=50, deadline=1001.6))
+    full = frozenset({"multi_image"})
+    assert q.ahead_of(late) == (3, 5100)
+    assert q.ahead_of(late, full) == (1, 100)
+    assert q.ahead_of(second, full) == (2, 3100)  # its own bucket's earlier request still goes first
+    assert q.ahead_of(text, full) == (0, 0)
 
 
 def test_zero_token_entries_do_not_break_band_accounting() -> None:

@@ -370,6 +370,27 @@ async def test_two_backlogged_tenants_weights_1_to_3_share_tokens_1_to_3() -> No
     _assert_idle(s)
 
 
+async def test_text_behind_a_multi_image_waiting_on_its_bucket_cap_is_admitted_and_served() -> None:
+    """Its prompt would miss the deadline if the waiting multi-image's prefill went first; it does not:
+    the dispatcher passes a request at its bucket's cap, and so does the queue's prediction."""
+    pol = policy(
+        controller={"algorithm": "fixed", "initial": 4, "min": 4, "max": 4},
+        budgets={"bucket_caps": {"multi_image": 1}, "prefill_rate_fraction": None},
+        queue={"initial_prefill_tokens_per_s": 1000.0},
+        window={"enabled": False},
+    )
+    s = _sched(pol)
+    running = await s.acquire(ticket(bucket="multi_image", prompt=100, output=10))
+    waiting = await spawn(s, ticket(bucket="multi_image", prompt=1500))  # first token at 1001.5 ≤ 1002
+    assert not waiting.done() and len(s.queue) == 1
+    text = await s.acquire(ticket(prompt=600))  # after the 1500 tokens its first token would be 1002.1
+    assert text.backend.url == "http://b0" and s.snapshot()["rejections"] == {}
+    text.release(None, "ok")
+    running.release(None, "ok")
+    (await waiting).release(None, "ok")
+    _assert_idle(s)
+
+
 async def test_chaos_never_exceeds_budgets_and_returns_every_counter_to_zero() -> None:
     rng = random.Random(7)
     first_bytes = random.Random(8)  # its own sequence: the clients' draws stay as they were

@@ -176,6 +176,21 @@ def test_sweep_uses_one_projection_and_discounts_what_it_shed() -> None:
     assert [e for e, _ in shed] == [doomed] and after.queued
 
 
+def test_prefill_waiting_on_its_full_bucket_delays_only_that_bucket() -> None:
+    g = _guard()
+    blocked = entry(ticket(bucket="multi_image", priority=10, prompt=6000), NO_SHED)  # 6 s, its bucket full
+    g.admit(blocked, now=1000.0, backends=1)
+    full = frozenset({"multi_image"})
+    with pytest.raises(ApiError):  # counted as ahead it would start at 1006
+        g.admit(entry(ticket(prompt=250), TIGHT), now=1000.0, backends=1)
+    text = entry(ticket(prompt=250), TIGHT)
+    g.admit(text, now=1000.0, backends=1, full=full)  # passed by: first token 1000.25
+    assert text.queued and g.sweep(now=1000.0, backends=1, full=full) == []
+    with pytest.raises(ApiError):  # its own bucket: behind the 6 s
+        g.admit(entry(ticket(bucket="multi_image", prompt=250), TIGHT), now=1000.0, backends=1, full=full)
+    assert [e for e, _ in g.sweep(now=1000.0, backends=1)] == [text]  # the bucket freed: 6 s ahead again
+
+
 def test_the_head_is_never_refused_by_prediction_while_a_backend_has_room() -> None:
     room: dict[str, float | None] = {"wait": 0.0}
     rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=1000.0))
