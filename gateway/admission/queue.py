@@ -74,23 +74,20 @@ class Ahead:
 
     def __init__(self, full: frozenset[str] = frozenset()) -> None:
         self.full = full
-        self._all = (0, 0)
-        self._held: dict[str, tuple[int, int]] = {}  # full bucket → (requests, tokens)
+        # (requests, tokens) per full bucket, and under None those every entry waits for
+        self._counts: dict[str | None, tuple[int, int]] = {}
 
     def of(self, entry: Entry) -> tuple[int, int]:
         """(requests, prefill tokens) ahead of `entry`."""
-        held = self._held.get(entry.ticket.bucket, (0, 0))
-        return self._all[0] + held[0], self._all[1] + held[1]
+        n, tokens = self._counts.get(None, (0, 0))
+        held_n, held_tokens = self._counts.get(entry.ticket.bucket, (0, 0))
+        return n + held_n, tokens + held_tokens
 
     def add(self, entry: Entry) -> None:
         """`entry` goes before the ones still to come."""
-        bucket = entry.ticket.bucket
-        n, tokens = self._held.get(bucket, (0, 0)) if bucket in self.full else self._all
-        counted = (n + 1, tokens + entry.prompt_tokens)
-        if bucket in self.full:
-            self._held[bucket] = counted
-        else:
-            self._all = counted
+        key = entry.ticket.bucket if entry.ticket.bucket in self.full else None
+        n, tokens = self._counts.get(key, (0, 0))
+        self._counts[key] = (n + 1, tokens + entry.prompt_tokens)
 
 
 def effective_deadline(ticket: Ticket, slo: SLOClass) -> float:
@@ -226,9 +223,9 @@ class SLOQueue:
         """Queued prompt tokens, of one band or of all."""
         return sum(self._band_tokens.values()) if band is None else self._band_tokens.get(band, 0)
 
-    def prefill_ahead(self, entry: Entry, full: frozenset[str] = frozenset()) -> int:
+    def prefill_ahead(self, entry: Entry) -> int:
         """Prefill tokens dispatched before `entry` (queued or a candidate) if nothing else arrives."""
-        return self.ahead_of(entry, full)[1]
+        return self.ahead_of(entry)[1]
 
     def ahead_of(self, entry: Entry, full: frozenset[str] = frozenset()) -> tuple[int, int]:
         """(entries, prefill tokens) dispatched before `entry` (queued or a candidate) in the `projected`
