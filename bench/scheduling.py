@@ -42,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -353,19 +354,34 @@ def measured(s: Stream) -> list[RequestRecord]:
     return [r.scaled(s.workload.time_scale) for r in s.records or [] if r.phase == "measured"]
 
 
-def peak_goodput(s: Stream) -> float:
-    """Goodput of the requests sent in the top half of the sawtooth (offered rate ≥ the mid rate)."""
+def peak_half(s: Stream) -> tuple[list[RequestRecord], float]:
+    """The requests sent in the top half of the sawtooth (offered rate ≥ the mid rate), and its seconds."""
     w = s.workload
     shape = w.arrivals.build(w.duration)
     mid = (w.arrivals.low + w.arrivals.high) / 2
     recs = measured(s)
     if not recs:
-        return 0.0
+        return [], 0.0
     t0 = min(r.scheduled for r in recs)
     steps = [i / 10 for i in range(int(w.duration * 10))]
     peak_s = sum(0.1 for t in steps if shape.rate(t) >= mid)
-    good = sum(1 for r in recs if shape.rate(r.scheduled - t0) >= mid and meets_slo(r, w.slo))
+    return [r for r in recs if shape.rate(r.scheduled - t0) >= mid], peak_s
+
+
+def peak_goodput(s: Stream) -> float:
+    """Requests per second sent in the sawtooth's top half that met the SLO."""
+    recs, peak_s = peak_half(s)
+    good = sum(1 for r in recs if meets_slo(r, s.workload.slo))
     return good / peak_s if peak_s else 0.0
+
+
+def peak_by_bucket(s: Stream) -> str:
+    """Of the requests sent in the sawtooth's top half, how many met the SLO, per modality bucket: which
+    work a policy serves when it cannot serve all."""
+    recs, _ = peak_half(s)
+    sent = Counter(r.bucket for r in recs)
+    good = Counter(r.bucket for r in recs if meets_slo(r, s.workload.slo))
+    return " · ".join(f"{b} {good[b]}/{n}" for b, n in sorted(sent.items()))
 
 
 # -- report ---------------------------------------------------------------------------------------------
@@ -471,6 +487,7 @@ async def compare(house: House, args: argparse.Namespace, mix: str) -> list[str]
     setups.append(("adaptive", {}))
     peaks: dict[str, list[float]] = {name: [] for name, _ in setups}
     tpots: dict[str, list[float]] = {name: [] for name, _ in setups}  # each run's TPOT P99, simulated ms
+    served: list[str] = []  # per run, who met the SLO at the peak
     lines = [
         f"\n### compare — workload `{mix}` {MIXES[mix]}, sawtooth {0.3 * cap:.1f}→{2.0 * cap:.1f} req/s\n"
     ]
@@ -492,8 +509,12 @@ async def compare(house: House, args: argparse.Namespace, mix: str) -> list[str]
                     house.stop(gw_name, gw)
             peaks[name].append(peak_goodput(s))
             tpots[name].append(tpot_p99(s))
-            lines.append(row(name if args.repeats == 1 else f"{name} #{rep + 1}", s))
+            run_name = name if args.repeats == 1 else f"{name} #{rep + 1}"
+            lines.append(row(run_name, s))
+            served.append(f"  {run_name}: {peak_by_bucket(s)}")
             print(lines[-1], flush=True)
+    lines.append("\nIn SLO at the peak, of those sent, by modality bucket:")
+    lines += served
     mean = {name: statistics.fmean(runs) for name, runs in peaks.items()}
 
     def spread(name: str) -> str:
