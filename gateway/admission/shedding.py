@@ -1,8 +1,8 @@
 """Honest early rejection: who may enter a pool's queue, and who must leave it before being served.
 
 Predicted start = now + (prefill tokens the queue dispatches first, queue.Ahead: a request whose bucket is at
-its cap everywhere holds up only its own bucket's) / (per-backend prefill rate × available backends — this
-replica's part of them when replicas share the engines, one backend's worth when none is available);
+its cap everywhere holds up only requests of its bucket) / (per-backend prefill rate × available backends —
+this replica's part of them when replicas share the engines, one backend's worth when none is available);
 predicted first token = start + own prefill tokens / per-backend rate. A request of a class that sheds by
 deadline is refused as soon as its predicted first token falls after its deadline — 429 `slo_unattainable`
 while the pool has its whole capacity, 503 `capacity_unavailable` once it has lost a backend
