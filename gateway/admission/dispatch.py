@@ -28,6 +28,7 @@ from collections.abc import Iterable
 
 from gateway.admission.budgets import bucket_full, kv_miss, occupy, own_backends, vacate
 from gateway.admission.decision import Decision
+from gateway.admission.decode_share import PrefillSeen
 from gateway.admission.queue import Entry
 from gateway.admission.rounds import Rounds
 from gateway.admission.settings import ShieldPolicy
@@ -51,6 +52,7 @@ class Dispatcher:
         self.rounds = Rounds()
         self.shield = Shield()
         self.turnover: dict[str, SlotTurnover] = {}
+        self.prefill_seen = PrefillSeen()  # what each request's decode shared with prefill (the duty)
 
     def joins_round(self, entry: Entry, ctx: Decision) -> bool:
         """May `entry` go in the current round? Always, unless the round is grouped and it came late —
@@ -236,6 +238,7 @@ class Dispatcher:
             self.stages.commit(ticket, backend)
         occupy(backend, ticket)
         self.rounds.spend(backend.url, prio, tokens)
+        self.prefill_seen.sent(backend.url, tokens)
         if not loan:
             self.rounds.count(ticket.priority, rank, tokens)
         return prio

@@ -214,6 +214,7 @@ class PoolScheduler:
         """A lease on our backends (ours or a loan) saw its first byte: its prefill no longer waits in
         the engine, and a placement the shield held may go now."""
         self.dispatcher.shield.started(lease.backend.url, lease.ticket)
+        self.dispatcher.prefill_seen.started(lease.ticket, lease.backend.url, self.clock())
         if self.dispatcher.stages is not None:
             self.dispatcher.stages.started(lease.ticket, lease.backend.url)
         if self.dispatcher.shield.held and self.queue:
@@ -228,7 +229,6 @@ class PoolScheduler:
         if lease.loan:
             self._loans.remove(lease)
         in_flight = backend.active + backend.peer_active  # the engine's, when replicas share it
-        prefill_bound = self._prefill_bound(backend)  # before the slot frees: what held the queue
         self.dispatcher.release(ticket, backend, self.clock())
         prompt = (
             usage.prompt_tokens if usage is not None and usage.prompt_tokens else ticket.cost.prompt_tokens
@@ -236,12 +236,13 @@ class PoolScheduler:
         if outcome == Outcome.OK and ttft_s is not None:
             self.observe_prefill(prompt, ttft_s)
         now = self.clock()
+        share = self.dispatcher.prefill_seen.share(ticket, now, self.rate.at(now))
         limit = self.limits.get(backend.url)
         if limit is not None and (outcome == Outcome.OK or outcome in DROP_OUTCOMES):
             shared = None if entry.slo.tpot_p99_s is not None else self._batch_tpot_target(backend)
             ratio = latency_ratio(entry.slo, ttft_s, tpot_s, prompt / self.rate.at(now), shared)
             tpot = tpot_ratio(entry.slo, tpot_s, shared)
-            limit.update(Sample(now, in_flight, ratio, outcome in DROP_OUTCOMES, tpot, prefill_bound))
+            limit.update(Sample(now, in_flight, ratio, outcome in DROP_OUTCOMES, tpot, share))
             backend.concurrency_limit = limit.limit
 
     def pump(self) -> None:
@@ -404,19 +405,6 @@ class PoolScheduler:
             share_window_s=settings.fairness.share_window_s,
             inbound=inbound,
         )
-
-    def _prefill_bound(self, backend: BackendState) -> bool:
-        """Does the queue's head wait on the round's prefill budget for `backend`, metered by the duty?
-        Then the duty, not the limit, is the lever a TPOT sample steers (limits/target.py)."""
-        ctx, settings = self._ctx, self.settings()
-        metered = settings.budgets.for_pool(self.pool).prefill_rate_fraction is not None
-        if ctx is None or not self.queue or not metered:
-            return False
-        head = next(self.queue.ordered(), None)
-        if head is None:
-            return False
-        blocked = self._blocked(head, ctx, settings, self.clock())
-        return blocked.get(backend.url, blocked.get("*")) == "round_prefill"
 
     def _prefill_duty(self) -> float:
         """The share of the measured prefill rate the round budget meters out: the tightest duty of the

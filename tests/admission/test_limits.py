@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 
@@ -22,7 +21,7 @@ from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import ControllerPolicy, SLOClass
 from gateway.pipeline import engine_latencies
 from gateway.ticket import Usage
-from tests.admission.helpers import FakeClock, backends, policy, settle, ticket
+from tests.admission.helpers import FakeClock, backends, policy, ticket
 
 
 def _policy(algorithm: str, **kw: float) -> ControllerPolicy:
@@ -294,92 +293,35 @@ async def test_the_scheduler_feeds_the_tpot_part_beside_the_whole_ratio() -> Non
     assert seen[0].tpot_ratio == pytest.approx(0.5) and seen[0].latency_ratio == pytest.approx(2.0, rel=0.01)
 
 
-def test_target_gives_the_error_to_the_duty_while_the_queue_waits_on_prefill() -> None:
-    lim = _target()  # window 4, headroom 0.9, gain 0.5
-    for i in range(3):
-        lim.update(Sample(float(i), in_flight=16, tpot_ratio=1.8, prefill_bound=True))
-    assert lim.prefill_duty == 1.0 and lim.value == 16  # three samples: not a window yet
-    lim.update(Sample(3.0, in_flight=16, tpot_ratio=1.8, prefill_bound=True))
-    # tail 1, aim 0.9, recent P90 1.8 → error 0.5: the duty takes it, the limit stays
-    assert lim.prefill_duty == pytest.approx(0.5**0.5) and lim.value == 16
-    lim.update(Sample(4.0, in_flight=16, tpot_ratio=1.8))  # the queue waits on a slot: the limit's
-    assert lim.prefill_duty == pytest.approx(0.5**0.5) and lim.value == pytest.approx(16 * 0.5**0.5)
-    for i in range(8):
-        lim.update(Sample(5.0 + i, in_flight=16, tpot_ratio=0.09, prefill_bound=True))
-    assert lim.prefill_duty == 1.0  # error 2 while prefill binds: back up to the whole rate, no further
-    for i in range(20):
-        lim.update(Sample(20.0 + i, in_flight=16, tpot_ratio=9.0, prefill_bound=True))
-    assert lim.prefill_duty == pytest.approx(0.2)  # the floor: the queue's prompts still move
+def test_target_derives_the_prefill_duty_from_the_decode_step_under_the_aim() -> None:
+    lim = _target()  # window 4, headroom 0.9
+    steps = [(0.6, 0.5), (0.8, 0.5), (0.5, 0.0), (1.2, 0.75)]  # decode steps 0.3, 0.4, 0.5, 0.3
+    for i, (ratio, share) in enumerate(steps[:3]):
+        lim.update(Sample(float(i), in_flight=16, tpot_ratio=ratio, prefill_share=share))
+    assert lim.prefill_duty == 1.0  # three steps: not a window yet
+    lim.update(Sample(3.0, in_flight=16, tpot_ratio=1.2, prefill_share=0.75))
+    assert lim.prefill_duty == pytest.approx(1 - 0.35 / 0.9)  # median step 0.35
+    lim.update(Sample(4.0, in_flight=16, tpot_ratio=5.0))  # no share known: no step
+    assert lim.prefill_duty == pytest.approx(1 - 0.35 / 0.9)
+    for i in range(4):
+        lim.update(Sample(5.0 + i, in_flight=16, tpot_ratio=1.0, prefill_share=0.0))
+    assert lim.prefill_duty == pytest.approx(0.2)  # the step alone over the aim: the floor
     for algorithm in ("fixed", "aimd", "gradient"):
         other = make_limit(_policy(algorithm))
-        other.update(Sample(0.0, in_flight=16, latency_ratio=1.0, tpot_ratio=1.0, prefill_bound=True))
+        other.update(Sample(0.0, in_flight=16, latency_ratio=1.0, tpot_ratio=1.0, prefill_share=0.0))
         assert other.prefill_duty == 1.0
 
 
-def test_target_holds_the_duty_while_prefill_does_not_bind() -> None:
-    lim = _target()
-    for i in range(4):
-        lim.update(Sample(float(i), in_flight=16, tpot_ratio=1.8, prefill_bound=True))
-    duty = lim.prefill_duty
-    for i in range(8):  # a lull: fast tokens, nothing waits on prefill
-        lim.update(Sample(4.0 + i, in_flight=2, tpot_ratio=0.1))
-    assert lim.prefill_duty == duty  # no windup
-    # the limit's: cut three times while the stalled samples are in its recent P90, then app-limited
-    assert lim.value == pytest.approx(16 * 0.5**1.5)
-
-
-async def test_the_scheduler_marks_samples_taken_while_the_head_waits_on_the_rounds_prefill() -> None:
+async def test_the_scheduler_feeds_the_prefill_its_engine_ran_during_the_decode() -> None:
     clock = FakeClock()
-    pol = policy(
-        budgets={"prefill_tokens_per_round": 8192, "round_s": 0.1, "prefill_rate_fraction": 0.5},
-        controller={"algorithm": "target", "initial": 8, "min": 1, "max": 8, "window": 4},
-    )
-    s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
-    seen: list[Sample] = []
-    s.limits["http://b0"].update = seen.append  # type: ignore[method-assign]
-    first = await s.acquire(ticket(prompt=400))  # 500 tokens a round: 0.5 × prior 10000 tokens/s × 0.1 s
-    second = asyncio.create_task(s.acquire(ticket(prompt=300)))  # over the 100 left: waits on round_prefill
-    await settle()
-    assert not second.done()
-    first.release(None, "ok", tpot_s=0.03)
-    assert seen[-1].prefill_bound and seen[-1].tpot_ratio == pytest.approx(0.5)
-    clock.now += 0.1  # the next round: it goes
-    s.pump()
-    lease = await second
-    lease.release(None, "ok", tpot_s=0.03)
-    assert not seen[-1].prefill_bound  # nothing waits
-
-
-@pytest.mark.parametrize(
-    ("budgets", "initial", "why"),
-    [
-        (
-            {"prefill_tokens_per_round": 500, "round_s": 0.1, "prefill_rate_fraction": None},
-            8,
-            "round_prefill",
-        ),
-        ({"prefill_tokens_per_round": 8192, "round_s": 0.1, "prefill_rate_fraction": 0.5}, 1, "concurrency"),
-    ],
-)
-async def test_a_fixed_round_budget_or_a_full_limit_leaves_the_error_to_the_limit(
-    budgets: dict[str, float | None], initial: int, why: str
-) -> None:
-    """Unmetered, the round's budget is a burst size the duty does not scale; a head waiting on a slot
-    waits on the limit."""
-    clock = FakeClock()
-    pol = policy(
-        budgets=budgets,
-        controller={"algorithm": "target", "initial": initial, "min": 1, "max": 8, "window": 4},
-    )
-    s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
-    seen: list[Sample] = []
-    s.limits["http://b0"].update = seen.append  # type: ignore[method-assign]
-    first = await s.acquire(ticket(prompt=400))
-    second = asyncio.create_task(s.acquire(ticket(prompt=300)))
-    await settle()
-    assert s.snapshot()["head"]["blocked_by"] == {"http://b0": why}
-    first.release(None, "ok", tpot_s=0.03)
-    assert not seen[-1].prefill_bound
-    clock.now += 0.1
-    s.pump()
-    (await second).release(None, "ok")
+    s, seen = _spied_target(clock)
+    decoding = await s.acquire(ticket(prompt=100))
+    decoding.started()  # its first byte at 1000.0
+    clock.now = 1000.5
+    other = await s.acquire(ticket(prompt=2000))  # sent while it decodes
+    clock.now = 1001.0
+    decoding.release(None, "ok", tpot_s=0.03)
+    # 2000 tokens at the prior 10000 tokens/s over 1 s of decode
+    assert seen[0].prefill_share == pytest.approx(0.2)
+    other.release(None, "ok", tpot_s=0.03)  # never started: no share
+    assert seen[1].prefill_share is None

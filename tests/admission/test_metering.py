@@ -84,21 +84,21 @@ def test_the_target_limits_duty_scales_the_metered_budget() -> None:
     clock = FakeClock()
     pol = policy(
         budgets={"prefill_tokens_per_round": 8192, "round_s": 0.1, "prefill_rate_fraction": 0.5},
-        controller={"algorithm": "target", "initial": 8, "min": 1, "max": 8, "window": 4, "gain": 1.0},
+        controller={"algorithm": "target", "initial": 8, "min": 1, "max": 8, "window": 4},
     )
     s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
     assert s.snapshot()["prefill_tokens_per_round"] == 500  # 0.5 × prior 10000 tokens/s × 0.1 s
-    for i in range(4):  # TPOT at the objective while prefill binds: error 0.9 (gain 1) goes to the duty
-        s.limits["http://b0"].update(Sample(float(i), in_flight=8, tpot_ratio=1.0, prefill_bound=True))
+    for i in range(4):  # decode steps at 0.45 of the objective: duty 1 − 0.45 / 0.9
+        s.limits["http://b0"].update(Sample(float(i), in_flight=8, tpot_ratio=0.9, prefill_share=0.5))
     snap = s.snapshot()
-    assert snap["backends"][0]["prefill_duty"] == 0.9 and snap["prefill_tokens_per_round"] == 450
+    assert snap["backends"][0]["prefill_duty"] == 0.5 and snap["prefill_tokens_per_round"] == 250
 
 
 async def test_the_queue_predicts_first_tokens_at_the_metered_pace() -> None:
     clock = FakeClock()
     pol = policy(
         budgets={"prefill_tokens_per_round": 8192, "round_s": 0.1, "prefill_rate_fraction": 1.0},
-        controller={"algorithm": "target", "initial": 1, "min": 1, "max": 1, "window": 4, "gain": 1.0},
+        controller={"algorithm": "target", "initial": 1, "min": 1, "max": 1, "window": 4},
     )
     s = PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)
     running = await s.acquire(ticket(arrival=clock.now, prompt=100))  # the one slot
@@ -106,10 +106,8 @@ async def test_the_queue_predicts_first_tokens_at_the_metered_pace() -> None:
     behind = asyncio.create_task(s.acquire(ticket(arrival=clock.now, prompt=100)))
     await settle()
     assert len(s.queue) == 2  # behind 12000 tokens at 10000 tokens/s: first token in 1.2 s < 2 s
-    for i in range(
-        4
-    ):  # duty 0.5 (error ½ each sample, gain 1): prompts go at half the rate, the wait is 2.4 s
-        s.limits["http://b0"].update(Sample(float(i), in_flight=1, tpot_ratio=1.8, prefill_bound=True))
+    for i in range(4):  # duty 0.5: the rounds send prompts at half the rate, the same wait is 2.4 s
+        s.limits["http://b0"].update(Sample(float(i), in_flight=1, tpot_ratio=0.9, prefill_share=0.5))
     with pytest.raises(ApiError) as exc, anyio.fail_after(1):
         await s.acquire(ticket(arrival=clock.now, prompt=100))
     assert (exc.value.status, exc.value.code) == (429, "slo_unattainable")

@@ -13,15 +13,15 @@ from gateway.admission.settings import ControllerPolicy
 class Sample:
     """One finished request on the backend: when, how many ran beside it, its SLO-relative latency
     (`signal.latency_ratio`, and its TPOT part `signal.tpot_ratio`; None when no objective applies),
-    whether the backend refused it, and whether the pool's queue then waited on the round's prefill budget
-    for this backend (the lever that held the queue was the prefill duty, not the limit)."""
+    whether the backend refused it, and the share of its decode time its engine spent on the prefill the
+    gateway sent it meanwhile (`decode_share.PrefillSeen`, in [0, 1]; None when unknown)."""
 
     now: float
     in_flight: int
     latency_ratio: float | None = None
     dropped: bool = False
     tpot_ratio: float | None = None
-    prefill_bound: bool = False
+    prefill_share: float | None = None
 
 
 class Limit(Protocol):
