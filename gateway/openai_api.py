@@ -76,6 +76,10 @@ def _expect(
     return value
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+"""The message roles OpenAI and SGLang's chat protocol take: any other is the client's error."""
+
+
 def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
     if not raw:
         raise ApiError(400, "Request body is empty; expected a JSON object.", code=ErrorCode.INVALID_JSON)
@@ -111,6 +115,15 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
                     f"messages[{i}].role must be a string.",
                     param=f"messages[{i}].role",
                     code=ErrorCode.INVALID_TYPE,
+                )
+            if role not in ROLES:
+                raise ApiError(
+                    400,
+                    f"Invalid value for 'messages[{i}].role': '{role}'. Supported values are: "
+                    + ", ".join(f"'{r}'" for r in ROLES)
+                    + ".",
+                    param=f"messages[{i}].role",
+                    code=ErrorCode.INVALID_VALUE,
                 )
             content = msg.get("content")
             if content is not None and not isinstance(content, (str, list)):

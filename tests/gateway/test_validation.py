@@ -49,6 +49,13 @@ def _post(gw, content: bytes, ctype: str = "application/json", path: str = "/v1/
             "messages[0].role",
         ),
         (
+            b'{"model":"test-model","messages":[{"role":"wizard","content":"x"}]}',
+            "application/json",
+            400,
+            "invalid_value",
+            "messages[0].role",
+        ),
+        (
             b'{"model":"test-model","messages":[{"role":"user","content":7}]}',
             "application/json",
             400,
