@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench validate-seed clean
+.PHONY: demo test test-fast lint bench validate-seed clean system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,7 +15,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/omnigate demo
 
-test: $(STAMP)
+# The system binaries the suite starts (redis-server; promtool and chromium when they can be had).
+system-deps:
+	@bash scripts/system-deps.sh
+
+test: $(STAMP) system-deps
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)
