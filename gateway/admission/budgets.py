@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gateway.admission.blocks import Block
 from gateway.admission.settings import PoolBudgets
 from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
@@ -27,13 +28,13 @@ def kv_occupied(backend: BackendState) -> int:
     return max(scraped or 0, backend.reserved_kv_tokens + backend.peer_kv_tokens)
 
 
-def kv_miss(ticket: Ticket, backend: BackendState, budgets: PoolBudgets) -> str | None:
-    """ "kv_watermark" when `ticket`'s KV tokens would lift the backend above its watermark, else None."""
+def kv_miss(ticket: Ticket, backend: BackendState, budgets: PoolBudgets) -> Block | None:
+    """The KV watermark when `ticket`'s KV tokens would lift the backend above its watermark, else None."""
     total = backend.max_total_tokens
     if total is None or backend.active == 0:
         return None
     if kv_occupied(backend) + ticket.cost.total_tokens > budgets.kv_watermark * total:
-        return "kv_watermark"
+        return Block.KV_WATERMARK
     return None
 
 

@@ -26,22 +26,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from gateway.admission.blocks import Block
 from gateway.admission.budgets import bucket_full, kv_miss, occupy, own_backends, vacate
 from gateway.admission.decision import Decision
 from gateway.admission.decode_share import PrefillSeen
 from gateway.admission.queue import Entry
 from gateway.admission.rounds import Rounds
 from gateway.admission.settings import ShieldPolicy
-from gateway.admission.shield import SHIELD_MISSES, Shield
+from gateway.admission.shield import Shield
 from gateway.admission.slots import Holdings, slot_margin, slot_miss
-from gateway.admission.stages import PASSABLE, StageBook
+from gateway.admission.stages import StageBook
 from gateway.admission.standing import Standing
 from gateway.admission.turnover import SlotTurnover
 from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
-
-_SKIPPED = frozenset({"tenant_share", "shield_duty"}) | PASSABLE
-"""Misses that let the requests after it go (see the module's head-of-line rule)."""
 
 
 class Dispatcher:
@@ -71,10 +69,10 @@ class Dispatcher:
         metered: bool = True,
         round_budget: bool = True,
         loan: bool = False,
-    ) -> str | None:
+    ) -> Block | None:
         """The first shared budget `ticket` does not fit on `backend` (None: it fits): a slot
-        ("concurrency", "band_reserve", "tenant_share"), "round_prefill", "prefill_shield", "shield_duty",
-        "kv_watermark". `metered=False` leaves out the round's prefill budget, the shield and the spacing,
+        (concurrency, band reserve, tenant share), a stage, the round's prefill, the shield, its spacing,
+        the KV watermark. `metered=False` leaves out the round's prefill budget, the shield and the spacing,
         which free themselves in time; `round_budget=False` the round's budget alone (a round opened now
         has it unspent); `loan`: another pool's request, never spaced."""
         limit = ctx.limits[backend.url]
@@ -90,11 +88,11 @@ class Dispatcher:
             prio = self.standing.engine_priority(ticket, ctx, rank)
             tokens, url, shield = ticket.cost.prompt_tokens, backend.url, ctx.budgets.shield
             if round_budget and self.rounds.over_budget(url, prio, tokens, ctx.budgets):
-                return "round_prefill"
+                return Block.ROUND_PREFILL
             if self.shield.shielded(tokens, rank, url, shield, ctx.now):
-                return "prefill_shield"
+                return Block.PREFILL_SHIELD
             if not loan and self.shield.spaced(tokens, rank, url, shield, ctx.now):
-                return "shield_duty"
+                return Block.SHIELD_DUTY
         return kv_miss(ticket, backend, ctx.budgets)
 
     def blocked_by(
@@ -105,20 +103,20 @@ class Dispatcher:
         *,
         new_round: bool = False,
         metered: bool = True,
-    ) -> dict[str, str]:
+    ) -> dict[str, Block]:
         """Why `entry` is not going to each backend now (empty: nothing stops it). `new_round`: as a round
         opened now would judge it (no grouping, the round's prefill budget unspent); `metered=False`: only
         what lasts — slots, KV, buckets — not the round, the shield or the spacing."""
         if not new_round and not self.joins_round(entry, ctx):
-            return {"*": "round_group"}
-        out: dict[str, str] = {}
+            return {"*": Block.ROUND_GROUP}
+        out: dict[str, Block] = {}
         for b in backends:
             if not b.available:
-                out[b.url] = "unavailable"
+                out[b.url] = Block.UNAVAILABLE
             elif b.url in entry.exclude:
-                out[b.url] = "excluded"
+                out[b.url] = Block.EXCLUDED
             elif bucket_full(entry.ticket, b, ctx.budgets):
-                out[b.url] = "bucket_cap"
+                out[b.url] = Block.BUCKET_CAP
             elif (
                 miss := self.shared_budget_miss(
                     entry.ticket, b, ctx, metered=metered, round_budget=not new_round
@@ -142,7 +140,7 @@ class Dispatcher:
             if not own:
                 continue
             misses = [self.shared_budget_miss(entry.ticket, b, ctx, loan=loan) for b in own]
-            if any(miss in SHIELD_MISSES for miss in misses):
+            if any(miss is not None and miss.shield for miss in misses):
                 self.shield.held = True
             fitting = [b for b, miss in zip(own, misses, strict=True) if miss is None]
             if fitting:
@@ -159,7 +157,7 @@ class Dispatcher:
                         ),
                     )
                 return entry, min(fitting, key=lambda b: (b.outstanding_tokens, b.active, b.url))
-            if any(miss not in _SKIPPED for miss in misses):
+            if any(miss is not None and not miss.passable for miss in misses):
                 return None
         return None
 
@@ -189,7 +187,7 @@ class Dispatcher:
         if (
             self.stages is not None
             and own
-            and all(self.stages.miss(entry.ticket, b) in PASSABLE for b in own)
+            and all((miss := self.stages.miss(entry.ticket, b)) is not None and miss.speaking for b in own)
         ):
             return None  # it waits for a stream to end somewhere: no slot turnover predicts that
         for b in own:

@@ -6,7 +6,7 @@ the lender's own requests wait, and a backend is below `lend.max_load` (the larg
 KV occupancy / watermark) and fits the lender's budgets — the loan spends the lender's round prefill
 budget (`PoolScheduler.lend`). Only whole requests are lent: a loan must be revocable, and a stream
 cannot be taken back once it has started. When the lender's head request fits on no backend and a loan
-holds what it lacks (`RECLAIMABLE`), the newest loan there is revoked (`Loans.reclaim`): its pipeline
+holds what it lacks (`Block.reclaimable`), the newest loan there is revoked (`Loans.reclaim`): its pipeline
 abandons the upstream call and queues it again in its own pool. The engine that did the work learns from
 it: a loan's prefill and latency samples go to the lender's rate and limit (`PoolScheduler.settle`).
 """
@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
+from gateway.admission.blocks import Block
 from gateway.admission.lease import Lease
-
-RECLAIMABLE = frozenset({"concurrency", "band_reserve", "tenant_share", "kv_watermark", "bucket_cap"})
-"""Why a request waits that a loan on the backend may be the cause of (not the round, the window...)."""
 
 
 class Loans:
@@ -39,12 +37,12 @@ class Loans:
     def remove(self, lease: Lease) -> None:
         self._leases.remove(lease)
 
-    def reclaim(self, blocked: Mapping[str, str]) -> None:
+    def reclaim(self, blocked: Mapping[str, Block]) -> None:
         """Our head request is `blocked` on every backend (url → reason): where a loan may hold what it
         lacks, revoke the newest loan — one at a time per backend, so each revocation is seen freed
         before the next."""
         for url, reason in blocked.items():
-            if reason not in RECLAIMABLE:
+            if not reason.reclaimable:
                 continue
             loans = [lease for lease in self._leases if lease.backend.url == url]
             if loans and not any(lease.revoked for lease in loans):

@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 
+from gateway.admission.blocks import Block
 from gateway.admission.budgets import backend_load, full_buckets
 from gateway.admission.decision import Decision
 from gateway.admission.dispatch import Dispatcher
@@ -414,7 +415,9 @@ class PoolScheduler:
             default=1.0,
         )
 
-    def _blocked(self, head: Entry, ctx: Decision, settings: AdmissionSettings, now: float) -> dict[str, str]:
+    def _blocked(
+        self, head: Entry, ctx: Decision, settings: AdmissionSettings, now: float
+    ) -> dict[str, Block]:
         """What holds the head request: in a round, its budgets; between rounds the window, if it still
         holds, else the budgets a round opened now would check."""
         budgets = ctx.budgets
@@ -422,7 +425,7 @@ class PoolScheduler:
             return self.dispatcher.blocked_by(head, self.backends, ctx)
         load = self.window_load(now, budgets)
         if load.oldest_enqueued_at + hold(self.pool, load, settings.window) > now:
-            return {"*": "window"}
+            return {"*": Block.WINDOW}
         return self.dispatcher.blocked_by(head, self.backends, ctx, new_round=True)
 
     def _under_share(self, band: int, tenant: str) -> bool:

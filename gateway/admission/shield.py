@@ -31,7 +31,6 @@ from typing import NamedTuple
 from gateway.admission.settings import ShieldPolicy
 from gateway.ticket import Ticket
 
-SHIELD_MISSES = frozenset({"prefill_shield", "shield_duty"})
 """The placement refusals a first byte or a predicted prefill end may lift."""
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from gateway.admission.blocks import Block
 from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
 
@@ -109,9 +110,9 @@ class Holdings:
 
 def slot_miss(
     ticket: Ticket, backend: BackendState, limit: int, rule: SlotRule, held: Holdings
-) -> str | None:
-    """Why `ticket` may not take a slot on `backend` now: "concurrency" (the limit), "band_reserve",
-    "tenant_share"; None when it may."""
+) -> Block | None:
+    """Why `ticket` may not take a slot on `backend` now: the limit, the band reserve or its tenant's
+    share; None when it may."""
     return _shortfall(ticket, backend, limit, rule, held)[0]
 
 
@@ -123,10 +124,10 @@ def slot_margin(ticket: Ticket, backend: BackendState, limit: int, rule: SlotRul
 
 def _shortfall(
     ticket: Ticket, backend: BackendState, limit: int, rule: SlotRule, held: Holdings
-) -> tuple[str | None, int]:
+) -> tuple[Block | None, int]:
     occupied = backend.active
     if limit <= 0:  # a replica's share of the engine can be nothing: no rule may round it up to a slot
-        return "concurrency", -occupied
+        return Block.CONCURRENCY, -occupied
     band_ceiling = limit - rule.band_reserve(ticket.priority, limit)
     if ticket.priority >= rule.top_band:
         lower_ceiling = limit - rule.band_reserve(-math.inf, limit)
@@ -141,7 +142,11 @@ def _shortfall(
     if occupied < ceiling:
         return None, ceiling - occupied
     reason = (
-        "concurrency" if occupied >= limit else "band_reserve" if occupied >= band_ceiling else "tenant_share"
+        Block.CONCURRENCY
+        if occupied >= limit
+        else Block.BAND_RESERVE
+        if occupied >= band_ceiling
+        else Block.TENANT_SHARE
     )
     return reason, ceiling - occupied
 

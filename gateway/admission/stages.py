@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.admission.blocks import Block
 from gateway.admission.settings import StagePolicy
 from gateway.backends.kinds.base import BackendKind, Stage, StageUnit
 from gateway.backends.state import BackendState
@@ -55,8 +56,6 @@ from gateway.ticket import Ticket
 TALKER, CODE2WAV = "talker", "code2wav"
 LAG_WEIGHT = 0.2  # the EWMA weight of each stream's time from dispatch to first audio
 SPEAKING = (TALKER, CODE2WAV)  # the stages whose pace is the stream's real-time factor
-PASSABLE = frozenset(f"stage_{name}" for name in SPEAKING)
-"""Misses that do not block the requests behind: text-only requests never wait for the talker."""
 
 
 @dataclass(slots=True)
@@ -146,15 +145,15 @@ class StageBook:
         concurrency limit — the thinker's, adapted to the TPOT objective — counts the others only."""
         return round(self._book(backend.url).use.get("talker", 0.0))
 
-    def miss(self, ticket: Ticket, backend: BackendState) -> str | None:
-        """The first stage `ticket` does not fit on `backend` (`stage_<name>`), None when all fit. A stage
+    def miss(self, ticket: Ticket, backend: BackendState) -> Block | None:
+        """The first stage `ticket` does not fit on `backend`, None when all fit. A stage
         with nothing held takes any request: the one that exceeds its budget alone still runs."""
         book = self._book(backend.url)
         for stage in self._stages(ticket, backend):
             budget = self.budget(backend, stage)
             use = book.use.get(stage.name, 0.0)
             if budget is not None and use > 0 and use + self._hold(ticket, stage) > budget:
-                return f"stage_{stage.name}"
+                return Block.stage(stage.name)
         return None
 
     def commit(self, ticket: Ticket, backend: BackendState) -> None:

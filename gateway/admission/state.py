@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.admission.blocks import Block
 from gateway.admission.budgets import kv_occupied
 from gateway.admission.decision import Decision
 from gateway.admission.dispatch import Dispatcher
@@ -30,7 +31,7 @@ class PoolView:
     dispatcher: Dispatcher
     backends: tuple[BackendState, ...]
     head: Entry | None  # the first waiting request in dispatch order
-    head_blocked: dict[str, str] | None  # what holds it, per backend ("*": all of them)
+    head_blocked: dict[str, Block] | None  # what holds it, per backend ("*": all of them)
     window_s: float
     in_flight: int
     borrowed: int
@@ -44,9 +45,7 @@ class PoolView:
 
 def pool_snapshot(v: PoolView) -> dict[str, Any]:
     """Queue per priority (depth, oldest wait), the head of the queue and what stops it per backend
-    ("window" while the window holds; "round_group", "concurrency", "band_reserve", "tenant_share",
-    "round_prefill", "prefill_shield", "shield_duty", "kv_watermark", "bucket_cap", "excluded",
-    "unavailable"), the round, the window, per-backend budgets, and rejections by reason/class."""
+    (a `Block`), the round, the window, per-backend budgets, and rejections by reason/class."""
     now, q, d, budgets = v.now, v.queue, v.dispatcher, v.ctx.budgets
     rounds = d.rounds
     oldest = q.oldest()
