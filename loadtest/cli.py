@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from loadtest import html, seed, seed_table
-from loadtest.compare import compare
+from loadtest.compare import Row, compare, compare_rows
 from loadtest.report import load_json, markdown
 from loadtest.results import build_result
 from loadtest.runner import RunOptions, execute
@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("a", type=Path)
     cmp.add_argument("b", type=Path)
     cmp.add_argument("--threshold", type=float, default=0.05)
+    cmp.add_argument("--out", type=Path, help="also write compare.html here: A and B side by side")
     vs = sub.add_parser("validate-seed", help="reproduce the seed article's batch-cap table on the simulator")
     vs.add_argument("--values", default=",".join(map(str, seed_table.VALUES)))
     vs.add_argument("--duration", type=float, help="simulated seconds per point")
@@ -149,8 +150,8 @@ def emit(doc: dict[str, Any], out: Path | None) -> None:
     md = markdown(doc)
     print(md)
     if out is not None:
-        html.write_outputs(doc, out, md)
-        print(f"wrote {out}/result.json, report.md, report.html", file=sys.stderr)
+        written = html.write_outputs(doc, out, md)
+        print(f"wrote {out}/" + ", ".join(written), file=sys.stderr)
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
@@ -198,13 +199,21 @@ def _compare(args: argparse.Namespace) -> int:
     elif a["kind"] != b["kind"]:
         raise ValueError("compare needs two runs or two sweeps")
     total = 0
+    sections: list[tuple[str, list[Row]]] = []
     for label, ra, rb in pairs:
         lines, n = compare(ra, rb, args.threshold)
         if label:
             print(f"\n## {a['param']} = {label}")
         print("\n".join(lines))
+        sections.append((f"{a['param']} = {label}" if label else "", compare_rows(ra, rb, args.threshold)))
         total += n
     print(f"\n{total} regression(s) beyond {args.threshold:.0%}")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        names = (str(args.a), str(args.b))
+        path = args.out / "compare.html"
+        if html.write_page(path, lambda: html.render_compare(a, b, sections, names)):
+            print(f"wrote {path}", file=sys.stderr)
     return 1 if total else 0
 
 

@@ -36,24 +36,34 @@ def _value(doc: dict[str, Any], how: Any) -> float | None:
     return None if v is None else float(v)
 
 
-def compare(a: dict[str, Any], b: dict[str, Any], threshold: float = 0.05) -> tuple[list[str], int]:
-    """Lines of the comparison and the number of regressions beyond `threshold` (relative)."""
-    lines = [f"{'metric':<18}{'A':>12}{'B':>12}{'change':>10}"]
-    regressions = 0
+Row = tuple[str, float | None, float | None, float | None, bool]  # label, A, B, relative change, regression
+
+
+def compare_rows(a: dict[str, Any], b: dict[str, Any], threshold: float = 0.05) -> list[Row]:
+    """Each headline metric either run has, with the relative change and whether it is a regression."""
+    rows: list[Row] = []
     for label, how, higher_better in METRICS:
         va, vb = _value(a, how), _value(b, how)
         if va is None and vb is None:
             continue
         if va is None or vb is None:
-            lines.append(f"{label:<18}{_num(va):>12}{_num(vb):>12}{'n/a':>10}")
+            rows.append((label, va, vb, None, False))
             continue
         change = (vb - va) / abs(va) if va else (0.0 if vb == va else float("inf"))
         worse = change < -threshold if higher_better else change > threshold
-        regressions += worse
-        flag = "  REGRESSION" if worse else ""
-        lines.append(f"{label:<18}{_num(va):>12}{_num(vb):>12}{change:>+10.1%}{flag}")
-    return lines, regressions
+        rows.append((label, va, vb, change, worse))
+    return rows
 
 
-def _num(v: float | None) -> str:
+def compare(a: dict[str, Any], b: dict[str, Any], threshold: float = 0.05) -> tuple[list[str], int]:
+    """Lines of the comparison and the number of regressions beyond `threshold` (relative)."""
+    lines = [f"{'metric':<18}{'A':>12}{'B':>12}{'change':>10}"]
+    rows = compare_rows(a, b, threshold)
+    for label, va, vb, change, worse in rows:
+        shown = "n/a" if change is None else f"{change:+.1%}"
+        lines.append(f"{label:<18}{num(va):>12}{num(vb):>12}{shown:>10}" + ("  REGRESSION" if worse else ""))
+    return lines, sum(row[4] for row in rows)
+
+
+def num(v: float | None) -> str:
     return "–" if v is None else f"{v:.4g}"

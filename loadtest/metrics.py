@@ -177,32 +177,54 @@ def breakdowns(records: list[RequestRecord], slo: Slo, duration: float) -> dict[
 
 
 def time_series(records: list[RequestRecord], step: float = 1.0) -> list[dict[str, Any]]:
-    """Per-step offered QPS (by send time) and completions, tokens and latency P99s (by finish time)."""
+    """Per-step offered QPS (by send time); completions, refusals by error code, errors, tokens and latency
+    P50/P99s (by finish time); for answers that speak, time to first audio and real-time factor P99."""
     if not records:
         return []
     t0 = min(r.sent for r in records)
     n = int(span(records) // step) + 1
     rows: list[dict[str, Any]] = [
-        {"t": i * step, "sent": 0, "completed": 0, "failed": 0, "output_tokens": 0, "_ttft": [], "_tpot": []}
+        {
+            "t": i * step,
+            "sent": 0,
+            "completed": 0,
+            "failed": 0,
+            "errors": 0,
+            "rejected_by": {},
+            "output_tokens": 0,
+        }
         for i in range(n)
+    ]
+    samples: list[dict[str, list[float]]] = [
+        {"ttft": [], "tpot": [], "ttfa": [], "rtf": []} for _ in range(n)
     ]
     for r in records:
         rows[min(int((r.sent - t0) // step), n - 1)]["sent"] += 1
-        row = rows[min(int((r.sent + (r.e2e or 0.0) - t0) // step), n - 1)]
+        i = min(int((r.sent + (r.e2e or 0.0) - t0) // step), n - 1)
+        row, got = rows[i], samples[i]
         if not r.ok:
             row["failed"] += 1
+            if r.rejected:
+                code = r.error or f"http_{r.status}"
+                row["rejected_by"][code] = row["rejected_by"].get(code, 0) + 1
+            else:
+                row["errors"] += 1
             continue
         row["completed"] += 1
         row["output_tokens"] += r.output_tokens
         if r.ttft is not None:
-            row["_ttft"].append(r.ttft * 1000)
+            got["ttft"].append(r.ttft * 1000)
         if (t := tpot(r)) is not None:
-            row["_tpot"].append(t * 1000)
-    for row in rows:
-        ttft, tp = row.pop("_ttft"), row.pop("_tpot")
+            got["tpot"].append(t * 1000)
+        if r.ttfa is not None:
+            got["ttfa"].append(r.ttfa * 1000)
+        if (speech := r.speech) is not None and speech.chunks > 1 and (rtf := speech.rtf) is not None:
+            got["rtf"].append(rtf)
+    for row, got in zip(rows, samples, strict=True):
         row["qps"] = row["sent"] / step
-        row["ttft_p99_ms"] = percentile(ttft, 99) if ttft else None
-        row["tpot_p99_ms"] = percentile(tp, 99) if tp else None
+        for name, unit in (("ttft", "_ms"), ("tpot", "_ms"), ("ttfa", "_ms"), ("rtf", "")):
+            for q in (50, 99):
+                row[f"{name}_p{q}{unit}"] = percentile(got[name], q) if got[name] else None
     return rows
 
 

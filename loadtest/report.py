@@ -75,34 +75,60 @@ def _gib(v: float | None) -> float | None:
     return None if v is None else v / (1 << 30)
 
 
-def table(rows: list[tuple[str, dict[str, Any]]], first: str) -> str:
-    """Markdown table: one row per (label, run document)."""
+Rows = list[tuple[str, dict[str, Any]]]  # (label, run document) per row
+
+
+def cells(rows: Rows, first: str) -> tuple[list[str], list[list[str]]]:
+    """Header and formatted cells of one table; columns no row has a value for are left out."""
     cols = [(h, f, d) for h, f, d in COLUMNS if any(f(r) is not None for _, r in rows)]
-    lines = [
-        "| " + " | ".join([first, *(h for h, _, _ in cols)]) + " |",
-        "|" + "---|" * (len(cols) + 1),
-    ]
-    for label, res in rows:
-        lines.append("| " + " | ".join([label, *(fmt(f(res), d) for _, f, d in cols)]) + " |")
+    head = [first, *(h for h, _, _ in cols)]
+    return head, [[label, *(fmt(f(res), d) for _, f, d in cols)] for label, res in rows]
+
+
+def table(rows: Rows, first: str) -> str:
+    """Markdown table: one row per (label, run document)."""
+    head, body = cells(rows, first)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
     return "\n".join(lines)
 
 
-def run_markdown(res: dict[str, Any]) -> str:
+def run_tables(res: dict[str, Any]) -> list[tuple[str, Rows, str]]:
+    """Every table of a run's report, (heading, rows, first column): the whole run, then each breakdown."""
+    out: list[tuple[str, Rows, str]] = [("", [("all", res)], "slice")]
+    for dim, groups in res.get("breakdowns", {}).items():
+        out.append((f"by {dim}", [(k, {"summary": v}) for k, v in groups.items()], dim))
+    return out
+
+
+def sweep_rows(doc: dict[str, Any]) -> Rows:
+    rows = [(str(v), p) for v, p in zip(doc["values"], doc["points"], strict=True)]
+    return rows + [(str(label), p) for label, p in doc.get("gateway_rows") or []]  # validate-seed's rows
+
+
+def run_headline(res: dict[str, Any]) -> str:
     meta, s = res["meta"], res["summary"]
-    out = [
-        f"## omnigate loadtest — {meta['workload']} against {meta['url']}",
-        "",
+    return (
         f"{s['requests']} requests, {s['completed']} completed, {s['rejected']} rejected, "
         f"{s['errors']} errors over {s['duration_s']:.1f} s "
         f"(seed {meta['seed']}, time scale {meta['time_scale']:g}). "
-        f"SLO {_slo_text(s['slo'])}. Client send lag P99 {fmt(dig(res, 'client.send_lag_ms.p99'), 2)} ms.",
-        "",
-        table([("all", res)], "slice"),
-    ]
-    for dim, groups in res.get("breakdowns", {}).items():
-        out += ["", f"### by {dim}", "", table([(k, {"summary": v}) for k, v in groups.items()], dim)]
-    if s["error_codes"]:
-        out += ["", "errors: " + ", ".join(f"{k} × {v}" for k, v in sorted(s["error_codes"].items()))]
+        f"SLO {_slo_text(s['slo'])}. Client send lag P99 {fmt(dig(res, 'client.send_lag_ms.p99'), 2)} ms."
+    )
+
+
+def error_text(res: dict[str, Any]) -> str | None:
+    codes = res["summary"]["error_codes"]
+    return "errors: " + ", ".join(f"{k} × {v}" for k, v in sorted(codes.items())) if codes else None
+
+
+def run_markdown(res: dict[str, Any]) -> str:
+    meta = res["meta"]
+    out = [f"## omnigate loadtest — {meta['workload']} against {meta['url']}", "", run_headline(res)]
+    for heading, rows, first in run_tables(res):
+        out += ["", f"### {heading}", ""] if heading else [""]
+        out.append(table(rows, first))
+    if (errors := error_text(res)) is not None:
+        out += ["", errors]
     return "\n".join(out) + "\n"
 
 
@@ -115,19 +141,22 @@ def _slo_text(slo: dict[str, Any]) -> str:
     return ", ".join(parts) or "none set"
 
 
-def sweep_markdown(doc: dict[str, Any]) -> str:
-    rows = [(str(v), p) for v, p in zip(doc["values"], doc["points"], strict=True)]
-    rows += [(str(label), p) for label, p in doc.get("gateway_rows") or []]  # validate-seed's `N + omnigate`
+def sweep_lines(doc: dict[str, Any]) -> list[str]:
+    """The knee, the recommendation and why every other point was rejected."""
     rec = doc.get("recommendation")
-    out = [
-        f"## sweep of {doc['param']} — SLO {_slo_text(doc['slo'])}, headroom {doc['headroom']:.0%}",
-        "",
-        table(rows, doc["param"]),
-        "",
+    return [
         f"knee ({doc['knee_latency']}): {doc['knee'] if doc['knee'] is not None else 'not found'}",
         f"recommendation: {rec if rec is not None else 'none — every point was rejected'}",
+        *(f"- rejected {reason}" for reason in doc["rejected"].values()),
     ]
-    out += [f"- rejected {reason}" for reason in doc["rejected"].values()]
+
+
+def sweep_title(doc: dict[str, Any]) -> str:
+    return f"sweep of {doc['param']} — SLO {_slo_text(doc['slo'])}, headroom {doc['headroom']:.0%}"
+
+
+def sweep_markdown(doc: dict[str, Any]) -> str:
+    out = [f"## {sweep_title(doc)}", "", table(sweep_rows(doc), doc["param"]), "", *sweep_lines(doc)]
     return "\n".join(out) + "\n"
 
 

@@ -14,6 +14,7 @@ from loadtest.metrics import breakdowns, error_bursts, stats, summarize, time_se
 from loadtest.records import RequestRecord
 from loadtest.runner import RunOptions
 from loadtest.scrape import Sample, summarize_samples
+from loadtest.workload import key_fingerprint
 
 SCHEMA_VERSION = 1
 
@@ -42,7 +43,7 @@ def build_result(records: list[RequestRecord], samples: list[Sample], opts: RunO
             "time_scale": scale,
             "gpus": opts.gpus,
             "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "workload_spec": w.model_dump(mode="json"),
+            "workload_spec": _without_keys(w.model_dump(mode="json")),
         },
         "summary": summary,
         "client": {
@@ -55,3 +56,11 @@ def build_result(records: list[RequestRecord], samples: list[Sample], opts: RunO
         "backend": backend,
         "oom": {"crashes": crashes, "error_bursts": bursts, "detected": crashes > 0 or bursts > 0},
     }
+
+
+def _without_keys(spec: dict[str, Any]) -> dict[str, Any]:
+    """The workload as run, its API keys replaced by their fingerprints: result files get shared."""
+    spec["tenants"] = [{**t, "name": key_fingerprint(t["name"])} for t in spec.get("tenants") or []]
+    if spec.get("api_key"):
+        spec["api_key"] = key_fingerprint(spec["api_key"])
+    return spec

@@ -6,6 +6,7 @@ a seeded RNG into OpenAI chat-completion requests, so the same seed yields the s
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import random
@@ -89,6 +90,21 @@ class Share(Frozen):
     share: float = Field(default=1.0, ge=0)
 
 
+class TenantShare(Share):
+    """`name` is the API key sent; reports name the tenant by `id`, else by the key's fingerprint."""
+
+    id: str | None = Field(default=None, description="The tenant's id, as reports name it.")
+
+    @property
+    def label(self) -> str:
+        return self.id or key_fingerprint(self.name)
+
+
+def key_fingerprint(key: str) -> str:
+    """How a report names a key it was given no tenant id for: never the key itself."""
+    return "key:" + hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
 class PriorityShare(Frozen):
     value: int
     share: float = Field(default=1.0, ge=0)
@@ -156,7 +172,9 @@ class Workload(Frozen):
     )
     audio: AudioSpec = AudioSpec()
     api_key: str | None = Field(default=None, description="Bearer key sent when no tenants are listed.")
-    tenants: list[Share] = Field(default_factory=list, description="Tenants by API key, with traffic shares.")
+    tenants: list[TenantShare] = Field(
+        default_factory=list, description="Tenants by API key (and id, for reports), with traffic shares."
+    )
     priorities: list[PriorityShare] = Field(default_factory=list)
     classes: list[Share] = Field(default_factory=list)
     extra_body: dict[str, Any] = Field(default_factory=dict)
@@ -368,8 +386,9 @@ class RequestFactory:
         if path is not None:
             req.path = path
         if w.tenants:
-            req.tenant = _pick(rng, [t.name for t in w.tenants], [t.share for t in w.tenants])
-            headers["authorization"] = f"Bearer {req.tenant}"
+            tenant = _pick(rng, w.tenants, [t.share for t in w.tenants])
+            req.tenant = tenant.label
+            headers["authorization"] = f"Bearer {tenant.name}"
         elif w.api_key:
             headers["authorization"] = f"Bearer {w.api_key}"
         if w.priorities:

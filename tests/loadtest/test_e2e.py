@@ -18,7 +18,7 @@ from loadtest.runner import RunOptions, execute
 from loadtest.sim.config import SimConfig
 from loadtest.sim.server import create_app
 from loadtest.trace import load_trace
-from loadtest.workload import load_workload
+from loadtest.workload import key_fingerprint, load_workload
 from tests.support.servers import serve
 
 pytestmark = pytest.mark.e2e
@@ -66,7 +66,7 @@ async def test_open_loop_run_against_sse_server(tmp_path: Path) -> None:
             "warmup.count": 3,
             "warmup.rate": 50,
             "output_tokens": {"dist": "fixed", "value": 4},
-            "tenants": [{"name": "sk-ok", "share": 3}, {"name": "sk-reject", "share": 1}],
+            "tenants": [{"name": "sk-ok", "id": "ok", "share": 3}, {"name": "sk-reject", "share": 1}],
             "slo.ttft_ms": 60000,
         },
     )
@@ -83,7 +83,7 @@ async def test_open_loop_run_against_sse_server(tmp_path: Path) -> None:
     assert s["total_output_tokens"] == 4 * s["completed"]
     assert s["slo_attainment"] == s["completed"] / 30
     assert s["queue_ms"]["p99"] == 12.5
-    assert set(res["breakdowns"]["tenant"]) == {"sk-ok", "sk-reject"}
+    assert set(res["breakdowns"]["tenant"]) == {"ok", key_fingerprint("sk-reject")}  # never the key
     assert res["backend"]["kv_usage"]["peak"] == 0.4 and res["backend"]["queued"]["peak"] == 2
     ok = [r for r in records if r.ok and r.phase == "measured"]
     assert all(len(r.chunk_times) == 4 and r.headers["x-omnigate-backend"] == "b0" for r in ok)
