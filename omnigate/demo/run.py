@@ -15,10 +15,21 @@ from typing import Any
 import httpx
 import yaml
 
+from gateway.policy import PolicyError, load_policy
 from omnigate.demo.load import Load
 from omnigate.demo.plan import DEFAULT_PORT, DemoError, Plan, build_plan, choose_port, default_config
 from omnigate.demo.processes import ChildFailed, Children, wait_ready
-from omnigate.demo.view import BackendView, Snapshot, observe, plain_line, render, summary_line
+from omnigate.demo.view import (
+    BackendView,
+    Objective,
+    Snapshot,
+    objectives,
+    observe,
+    plain_line,
+    render,
+    summary_line,
+    verdict,
+)
 
 LOAD_WINDOW_WHEN_UNBOUNDED_S = 60.0  # --duration 0: drive load this long, then keep serving until Ctrl-C
 
@@ -117,12 +128,26 @@ async def _show(
 
         ctx = Live(refresh_per_second=2, redirect_stdout=False)
 
+    goals: dict[str, Objective] = {}
+
     async def snapshot(phase: str) -> Snapshot:
+        nonlocal goals
         gateway, backends = await observe(client, plan.base_url, plan.admin_token, backends_of(plan))
         records, skipped = (load.records, load.skipped) if load else ([], 0)
         elapsed = time.perf_counter() - start
+        with contextlib.suppress(PolicyError):  # the policy as it is now (edited live: the last good one)
+            goals = objectives(load_policy(plan.policy_path))
         return Snapshot(
-            plan.base_url, elapsed, phase, args.time_scale, records, skipped, plan.keys, gateway, backends
+            plan.base_url,
+            elapsed,
+            phase,
+            args.time_scale,
+            records,
+            skipped,
+            plan.keys,
+            goals,
+            gateway,
+            backends,
         )
 
     with ctx as view:
@@ -147,6 +172,7 @@ async def _show(
             view.update(render(snap))
         else:
             print(plain_line(snap), flush=True)
+            print("\n".join(line.plain for line in verdict(snap)), flush=True)
     print(summary_line(snap.records, snap.skipped), flush=True)
     return 0
 

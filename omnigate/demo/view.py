@@ -2,7 +2,9 @@
 
 `observe` scrapes; the rest are pure functions from one `Snapshot` to a rich renderable (a terminal) or
 to one plain line (CI logs), so the view is tested without a terminal and the two outputs always agree.
-Latencies are the demo client's own (send → first content chunk, vLLM's TPOT), in wall-clock ms.
+Latencies are the demo client's own (send → first content chunk, vLLM's TPOT), in wall-clock ms. TPOT is
+taken over answers in text only: an answer that speaks gets its text at the voice's pace and is judged by
+its real-time factor, so mixing the two would report the voice as a missed text objective.
 """
 
 from __future__ import annotations
@@ -20,11 +22,21 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from gateway.errors import CAPACITY_REJECTIONS, rejection_reason
 from loadtest.metrics import percentile, tpot
 from loadtest.records import RequestRecord
 from loadtest.scrape import parse_prometheus
 
 THROUGHPUT_WINDOW_S = 10.0
+SPEECH_RTF_OBJECTIVE = 1.0  # above it a listener hears the stream stutter
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """A class's latency objectives from the policy the demo runs (queue.classes), in ms; None: not set."""
+
+    ttft_ms: float | None
+    tpot_ms: float | None
 
 
 @dataclass(slots=True)
@@ -73,8 +85,20 @@ class Snapshot:
     records: list[RequestRecord]
     skipped: int = 0
     tenants: dict[str, str] = field(default_factory=dict)  # API key → tenant id
+    objectives: dict[str, Objective] = field(default_factory=dict)  # traffic class → its objectives
     gateway: GatewayView = field(default_factory=GatewayView)
     backends: list[BackendView] = field(default_factory=list)
+
+
+def objectives(policy: Any) -> dict[str, Objective]:
+    """Each traffic class's TTFT and TPOT P99 objectives (ms) from a parsed policy."""
+    return {
+        name: Objective(
+            None if c.ttft_p99_s is None else c.ttft_p99_s * 1000,
+            None if c.tpot_p99_s is None else c.tpot_p99_s * 1000,
+        )
+        for name, c in policy.queue.classes.items()
+    }
 
 
 def parse_gateway_metrics(text: str) -> GatewayView:
@@ -180,7 +204,7 @@ def group_stats(records: Iterable[RequestRecord], elapsed: float) -> GroupStats:
             st.ok += 1
             if r.ttft is not None:
                 ttfts.append(r.ttft * 1000)
-            if (t := tpot(r)) is not None:
+            if not r.audio and (t := tpot(r)) is not None:
                 tpots.append(t * 1000)
             if r.ttfa is not None:
                 ttfas.append(r.ttfa * 1000)
@@ -222,19 +246,117 @@ def _opt(v: float | None, fmt: str) -> str:
 
 
 def _speech_table(snap: Snapshot) -> Table | None:
-    """Answers that spoke, per tenant: time to first audio and the streams' real-time factor."""
+    """Answers that spoke, per tenant: time to first audio, the streams' real-time factor, and the pace of
+    their text (it follows the voice, so it is shown here and not in the text TPOT)."""
     spoken = [r for r in snap.records if r.audio]
     if not spoken:
         return None
     t = _table(
-        "speech: time to first audio (p50/p99 ms), real-time factor (p50/p99; over 1 stutters)",
-        ("", "spoke", "TTFA", "RTF", "audio s"),
+        "answers that speak: time to first audio (ms), real-time factor (over 1 stutters), "
+        "their text's ms/token (the voice's pace); p50/p99",
+        ("", "spoke", "TTFA", "RTF", "text", "audio s"),
     )
     for name, recs in by_tenant(spoken, snap.tenants).items():
         s = group_stats(recs, snap.elapsed)
         seconds = sum(m.seconds for r in recs if (m := r.speech) is not None)
-        t.add_row(name, str(len(recs)), _pair(s.ttfa_ms, ".0f"), _pair(s.rtf, ".2f"), f"{seconds:.0f}")
+        pace = _p50_p99([x * 1000 for r in recs if _outcome(r) == "ok" and (x := tpot(r)) is not None])
+        t.add_row(
+            name,
+            str(len(recs)),
+            _pair(s.ttfa_ms, ".0f"),
+            _pair(s.rtf, ".2f"),
+            _pair(pace, ".0f"),
+            f"{seconds:.0f}",
+        )
     return t
+
+
+def _p99_ms(records: list[RequestRecord], metric: str) -> float | None:
+    s = group_stats(records, 1.0)
+    pair = s.ttft_ms if metric == "TTFT" else s.tpot_ms
+    return None if pair is None else pair[1]
+
+
+def _check(line: Text, name: str, value: float | None, limit: float | None, unit: str = " ms") -> bool:
+    """Append `name P99 value` against its objective; True when the objective is missed."""
+    if value is None:
+        return False
+    shown = f"{value:.2f}" if unit == "" else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+    if limit is None:
+        line.append(f"{name} P99 {shown}{unit} (no objective)")
+        return False
+    if value <= limit:
+        line.append(f"{name} P99 {shown}{unit} ≤ {limit:g}{unit} ✓", style="green")
+        return False
+    line.append(f"{name} P99 {shown}{unit} > {limit:g}{unit} ✗ MISSED", style="bold red")
+    return True
+
+
+def _class_lines(cls: str, recs: list[RequestRecord], goal: Objective | None) -> list[Text]:
+    done = [r for r in recs if _outcome(r) == "ok"]
+    text, spoke = [r for r in done if not r.audio], [r for r in done if r.audio]
+    lines: list[Text] = []
+    if text:
+        line = Text(f"{cls}: ", style="bold")
+        missed = []
+        for name, limit in (
+            ("TTFT", goal.ttft_ms if goal else None),
+            ("TPOT", goal.tpot_ms if goal else None),
+        ):
+            if _check(line, name, _p99_ms(text, name), limit):
+                missed.append(name)
+            line.append(" · ")
+        line.append(f"{len(text)} answers in text")
+        for name in missed:  # why: the bucket whose tail it is
+            worst = max(
+                ((b, v) for b, rs in _by_bucket(text).items() if (v := _p99_ms(rs, name)) is not None),
+                key=lambda bv: bv[1],
+            )
+            line.append(f"; {name} tail: {worst[0]} answers, P99 {worst[1]:.0f} ms", style="red")
+        lines.append(line)
+    if spoke:
+        s = group_stats(spoke, 1.0)
+        line = Text(f"{cls}, answers that speak: ", style="bold")
+        _check(line, "RTF", s.rtf[1] if s.rtf else None, SPEECH_RTF_OBJECTIVE, unit="")
+        line.append(" · ")
+        _check(line, "TTFA", s.ttfa_ms[1] if s.ttfa_ms else None, None)
+        line.append(f" · {len(spoke)} answers; their text follows the voice, judged by RTF, not TPOT")
+        lines.append(line)
+    return lines
+
+
+def _by_bucket(records: list[RequestRecord]) -> dict[str, list[RequestRecord]]:
+    out: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        out.setdefault(r.bucket, []).append(r)
+    return out
+
+
+def _refused_line(snap: Snapshot) -> Text:
+    """Refusals split by why: to keep the objectives (capacity) or a tenant's own quota or budget."""
+    refused = [r for r in snap.records if _outcome(r) == "rejected"]
+    line = Text(f"refused {len(refused)}", style="bold")
+    kinds = (("to keep the objectives (capacity)", True), ("by tenant quota or budget", False))
+    for label, capacity in kinds:
+        who = Counter(
+            (snap.tenants.get(r.tenant, r.tenant or "-"), r.error or f"http_{r.status}")
+            for r in refused
+            if (rejection_reason(r.status, r.error) in CAPACITY_REJECTIONS) == capacity
+        )
+        detail = ", ".join(f"{t} {code} ×{n}" for (t, code), n in sorted(who.items()))
+        line.append(f" · {label}: {sum(who.values())}" + (f" ({detail})" if detail else ""))
+    return line
+
+
+def verdict(snap: Snapshot) -> list[Text]:
+    """At a glance: each class's P99s against the objectives of the policy it runs, and every refusal."""
+    lines = [
+        line
+        for cls, recs in by_class(snap.records).items()
+        for line in _class_lines(cls, recs, snap.objectives.get(cls))
+    ]
+    title = Text("what the gateway kept (P99 against the policy's objectives) and refused:", style="bold")
+    return [title, *lines, _refused_line(snap)]
 
 
 def _table(title: str, columns: tuple[str, ...]) -> Table:
@@ -254,7 +376,7 @@ def _table(title: str, columns: tuple[str, ...]) -> Table:
 
 def _client_table(snap: Snapshot) -> Table:
     t = _table(
-        "demo client: per class, then per tenant (TTFT, TPOT: p50/p99 ms)",
+        "demo client: per class, then per tenant (TTFT, TPOT of answers in text: p50/p99 ms)",
         ("", "sent", "ok", "rej", "err", "live", "req/s", "tok/s", "TTFT", "TPOT"),
     )
     groups = list(by_class(snap.records).items())
@@ -329,7 +451,7 @@ def render(snap: Snapshot) -> RenderableType:
         f"  ·  sims at time-scale {snap.time_scale:g}",
         f"  ·  skipped arrivals {snap.skipped}" if snap.skipped else "",
     )
-    parts: list[RenderableType] = [head, _client_table(snap)]
+    parts: list[RenderableType] = [head, *verdict(snap), _client_table(snap)]
     speech = _speech_table(snap)
     if speech is not None:
         parts.append(speech)

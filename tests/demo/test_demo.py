@@ -25,12 +25,15 @@ from omnigate.demo.plan import DemoError, build_plan, choose_port, default_confi
 from omnigate.demo.view import (
     BackendView,
     GatewayView,
+    Objective,
     Snapshot,
     apply_admin_state,
+    objectives,
     parse_gateway_metrics,
     plain_line,
     render,
     summary_line,
+    verdict,
 )
 
 SUMMARY = re.compile(r"^demo summary: (.*)$", re.M)
@@ -231,7 +234,10 @@ def _snapshot() -> Snapshot:
     gw = parse_gateway_metrics(GATEWAY_METRICS)
     backend = BackendView("interactive-0", "interactive", "http://127.0.0.1:30123", True, 0.425, 6, 2)
     keys = {"k-a": "alice", "k-b": "bob", "k-c": "batch"}
-    return Snapshot("http://127.0.0.1:8080", 4.0, "load", 10.0, RECORDS, 2, keys, gw, [backend])
+    goals = {"interactive": Objective(2000.0, 60.0), "offline": Objective(None, None)}
+    return Snapshot(
+        "http://127.0.0.1:8080", 4.0, "load", 10.0, RECORDS, 2, keys, goals, gateway=gw, backends=[backend]
+    )
 
 
 def test_plain_line_reports_totals_per_class_latency_queue_and_kv() -> None:
@@ -297,6 +303,10 @@ def test_demo_runs_a_workload_for_its_duration_and_leaves_no_process_behind(tmp_
     assert summary["ok"] + summary["rejected"] == summary["sent"]  # 429s (bob's quota) are allowed
     assert (summary["failed"], summary["unfinished"], summary["skipped"]) == (0, 0, 0)
     assert "interactive: ok=" in out and "offline: ok=" in out
+    assert "what the gateway kept (P99 against the policy's objectives) and refused:" in out
+    assert re.search(r"^interactive: TTFT P99 \d+ ms ≤ 2000 ms ✓ · TPOT P99 [\d.]+ ms", out, re.M), out[
+        -3000:
+    ]
     assert "stopped 5 processes: " in out and "killed" not in out
     assert [name for name, pid in pids.items() if _alive(pid)] == []
 
@@ -387,8 +397,74 @@ def test_the_live_view_shows_time_to_first_audio_and_the_real_time_factor() -> N
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
     row = next(line for line in text.splitlines() if line.strip().startswith("alice") and "900" in line)
-    assert row.split()[1:] == ["1", "900/900", "0.75/0.75", "2"]
+    assert row.split()[1:] == ["1", "900/900", "0.75/0.75", "-", "2"]  # no text in this answer
     assert "ttfa_p99=900ms rtf_p99=0.75" in plain_line(snap)
+    verdict_text = " ".join(text.split())  # its lines wrap at 80 columns
+    assert (
+        "interactive, answers that speak: RTF P99 0.75 ≤ 1 ✓ · TTFA P99 900 ms (no objective)" in verdict_text
+    )
     plain = Console(width=80, record=True)
     plain.print(render(_snapshot()))
     assert "speech:" not in plain.export_text()  # no answer spoke: no speech table
+
+
+# -- the verdict: what the gateway kept and what it refused ---------------------------------------------
+def _answer(bucket: str, tpot_ms: float, key: str = "k-a", spoke: bool = False) -> RequestRecord:
+    """An interactive answer of 11 tokens, 0.1 s to the first, `tpot_ms` apart after it."""
+    step = tpot_ms / 1000
+    r = RequestRecord(bucket=bucket, traffic_class="interactive", tenant=key, status=200, sent=0.0, ttft=0.1)
+    r.chunk_times = [0.1 + step * k for k in range(11)]
+    r.e2e, r.output_tokens = r.chunk_times[-1], 11
+    if spoke:  # 1.2 s from the first chunk to the last for the 1.6 s before it: RTF 0.75
+        r.ttfa, r.audio = 0.3, [(0.3, 0.8), (0.9, 0.8), (1.5, 0.8)]
+    return r
+
+
+def _view(records: list[RequestRecord]) -> str:
+    snap = _snapshot()
+    snap.records = records
+    console = Console(width=80, record=True)
+    console.print(render(snap))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
+    return " ".join(text.split())  # the verdict's lines wrap at 80 columns
+
+
+def test_text_tpot_leaves_out_answers_that_speak_and_the_speech_table_shows_their_pace() -> None:
+    records = [_answer("text", 10.0) for _ in range(5)] + [_answer("audio_out", 80.0, spoke=True)]
+    text = _view(records)
+    assert "interactive: TTFT P99 100 ms ≤ 2000 ms ✓ · TPOT P99 10.0 ms ≤ 60 ms ✓ · 5 answers in text" in text
+    assert "interactive, answers that speak: RTF P99 0.75 ≤ 1 ✓ · TTFA P99 300 ms" in text
+    assert "their text follows the voice, judged by RTF, not TPOT" in text
+    assert "interactive 6 6 0 0 0" in text and "10.0/10.0" in text  # the class row: text TPOT only
+    assert "alice 1 300/300 0.75/0.75 80/80 2" in text  # speech table: its text at the voice's 80 ms
+
+
+def test_a_missed_objective_is_named_with_the_bucket_whose_tail_it_is() -> None:
+    records = [_answer("text", 10.0) for _ in range(5)] + [_answer("multi_image", 75.0) for _ in range(3)]
+    text = _view(records)
+    assert "TPOT P99 75.0 ms > 60 ms ✗ MISSED" in text
+    assert "TPOT tail: multi_image answers, P99 75 ms" in text
+
+
+def test_refusals_are_split_into_capacity_and_tenant_quota_with_tenant_ids() -> None:
+    refused = [
+        _rec("interactive", "k-b", status=429, error="requests_per_minute_exceeded"),
+        _rec("interactive", "k-b", status=429, error="requests_per_minute_exceeded"),
+        _rec("interactive", "k-a", status=503, error="queue_full"),
+    ]
+    text = _view([_answer("text", 10.0), *refused])
+    assert (
+        "refused 3 · to keep the objectives (capacity): 1 (alice queue_full ×1) · by tenant quota or "
+        "budget: 2 (bob requests_per_minute_exceeded ×2)"
+    ) in text
+    assert "k-a" not in text and "k-b" not in text  # tenants by id, never by key
+    plain = "\n".join(line.plain for line in verdict(_snapshot()))
+    assert plain.startswith("what the gateway kept (P99 against the policy's objectives) and refused:")
+
+
+def test_the_objectives_are_the_running_policys() -> None:
+    from gateway.policy import load_policy
+
+    goals = objectives(load_policy(ROOT / "policies" / "default.yaml"))
+    assert goals == {"interactive": Objective(2000.0, 60.0), "offline": Objective(None, None)}
