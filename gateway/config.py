@@ -108,6 +108,12 @@ class StoreConfig(Frozen):
     redis_url: str | None = None
     redis_prefix: str = "omnigate:"
     redis_failure: Literal["open", "closed"] = "open"
+    deadline_s: float = Field(
+        0.05,
+        gt=0,
+        description="How long a request waits for one call to a shared (redis) store: beyond it the "
+        "failure mode applies to the request and the store is marked slow until a probe answers within it.",
+    )
     outbox_path: str | None = Field(
         None,
         description="The ledger outbox file (charges the store could not take yet, retried until applied). "

@@ -80,8 +80,18 @@ class MemoryStore(Store):
     ) -> None:
         self.book.settle(tenant_id, quotas, reserved, actual, reserved_at, now)
 
-    async def record_usage(self, tenant_id: str, reservation_id: str, ts: float, usage: Charge) -> None:
-        self.book.record(tenant_id, ts, usage.input_tokens, usage.output_tokens, 1, usage.audio_ms)
+    async def record_usage(
+        self,
+        tenant_id: str,
+        quotas: Quotas,
+        reserved: Charge,
+        usage: Charge,
+        ts: float,
+        now: float,
+        reservation_id: str,
+        requests: int = 1,
+    ) -> None:
+        self.book.record(tenant_id, ts, usage.input_tokens, usage.output_tokens, requests, usage.audio_ms)
 
     async def levels(self, tenant_id: str, quotas: Quotas, now: float) -> dict[str, float]:
         return self.book.levels(tenant_id, quotas, now)

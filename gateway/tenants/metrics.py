@@ -11,6 +11,19 @@ STORE_UP = Gauge(
     "1 while the tenant/quota store is usable, 0 while it is unreachable or refuses calls.",
     registry=REGISTRY,
 )
+STORE_SLOW = Gauge(
+    "omnigate_tenant_store_slow",
+    "1 while the tenant/quota store is slow: a request-path call missed its deadline (store.deadline_s) "
+    "and no probe has answered within it since; the failure mode applies meanwhile.",
+    registry=REGISTRY,
+)
+STORE_DEADLINE_MISSES = Counter(
+    "omnigate_tenant_store_deadline_misses_total",
+    "Request-path calls to the tenant/quota store given up on at their deadline, by operation (lookup, "
+    "reserve, levels, settle).",
+    ["operation"],
+    registry=REGISTRY,
+)
 STORE_RESEEDS = Counter(
     "omnigate_tenant_store_reseeds_total",
     "Times the store was found to have forgotten its data (a Redis restarted without persistence) and "

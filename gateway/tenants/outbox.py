@@ -36,9 +36,10 @@ SCHEMA = "CREATE TABLE IF NOT EXISTS outbox (reservation_id TEXT PRIMARY KEY, en
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One charge owed to the store. `settle`: a reconcile of a reservation the store holds; `usage`: what
-    a fail-open admission used, for the store's day/month ledger."""
+    a fail-open admission used, for the store's day/month ledger; `release`: a request refused after its
+    reserve was sent and not answered, which takes that reserve back should it have landed."""
 
-    kind: Literal["settle", "usage"]
+    kind: Literal["settle", "usage", "release"]
     reservation_id: str
     tenant_id: str
     quotas: Quotas

@@ -6,10 +6,12 @@ the same expectations. Times come from the caller's clock so all replicas and te
 
 Keys: 1 bucket hash (`<limit>:l` level, `<limit>:t` stamp), 2 concurrency zset (reservation id scored by
 its lease deadline, so a crashed replica's slots expire), 3 day ledger hash, 4 month ledger hash
-(fields in, out, req, aud: audio milliseconds), 5 (settle, record) the reservation's applied mark: a
-script that finds it set does nothing, so a retried reconcile or a replayed fail-open charge is applied
-once. A reserve finds its own id in the concurrency set when it is a retry (a reply lost to a broken
-connection) and takes nothing again. Every script may therefore be retried. A limit of -1 means "not set".
+(fields in, out, req, aud: audio milliseconds), 5 the reservation's applied mark: a settle or record that
+finds it set does nothing, so a retried reconcile or a replayed fail-open charge is applied once. A
+reserve finds its own id in the concurrency set when it is a retry (a reply lost to a broken connection)
+and takes nothing again; it takes nothing either once its id was recorded (a reserve the caller gave up on
+at its deadline that reaches Redis late). Every script may therefore be retried. A limit of -1 means "not
+set".
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ RESERVE = (
     _LEVEL
     + """
 if redis.call('ZSCORE', KEYS[2], ARGV[11]) then return {1, '', '', '', '', '', 0, 0, 0, 0} end  -- a retry
+if redis.call('EXISTS', KEYS[5]) == 1 then return {0, 'abandoned', '0'} end  -- recorded: given up on
 local now = tonumber(ARGV[1])
 local amt_in, amt_out, amt_aud = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[17])
 local amounts = {amt_in, amt_out, amt_in + amt_out, 1, amt_aud / 1000.0}
@@ -99,12 +102,10 @@ return {1, after[1], after[2], after[3], after[4], after[5], used(KEYS[3]), used
 """
 )
 
-# ARGV: now, res_in, res_out, act_in, act_out, lim_in, lim_out, lim_total, reservation_id, mark_ttl,
-#       res_audio_ms, act_audio_ms, lim_audio
-SETTLE = (
-    _LEVEL
-    + """
-if not redis.call('SET', KEYS[5], '1', 'NX', 'EX', ARGV[10]) then return 0 end
+# The reconcile of a reservation Redis holds: refunds what was reserved and not used (or takes the
+# excess) and frees the slot. ARGV: now, res_in, res_out, act_in, act_out, lim_in, lim_out, lim_total,
+# reservation_id, mark_ttl, res_audio_ms, act_audio_ms, lim_audio
+_RECONCILE = """
 local now = tonumber(ARGV[1])
 local res_in, res_out = tonumber(ARGV[2]), tonumber(ARGV[3])
 local act_in, act_out = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -128,22 +129,45 @@ for k = 3, 4 do
   redis.call('HINCRBY', KEYS[k], 'out', act_out - res_out)
   redis.call('HINCRBY', KEYS[k], 'aud', act_aud - res_aud)
 end
+"""
+
+SETTLE = (
+    _LEVEL
+    + """
+if not redis.call('SET', KEYS[5], '1', 'NX', 'EX', ARGV[10]) then return 0 end
+"""
+    + _RECONCILE
+    + """
 return 1
 """
 )
 
-# KEYS: day ledger, month ledger, applied mark. ARGV: in, out, ledger_ttl, mark_ttl, audio_ms
-RECORD = """
-if not redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[4]) then return 0 end
-for k = 1, 2 do
-  redis.call('HINCRBY', KEYS[k], 'in', ARGV[1])
-  redis.call('HINCRBY', KEYS[k], 'out', ARGV[2])
-  redis.call('HINCRBY', KEYS[k], 'req', 1)
-  redis.call('HINCRBY', KEYS[k], 'aud', ARGV[5])
-  redis.call('EXPIRE', KEYS[k], ARGV[3])
+# A request admitted under local limits (fail-open), or refused there (ARGV[15] requests = 0), for the
+# day/month ledger. Its reserve may have reached Redis after all (sent, then given up on at the deadline):
+# then it is in the concurrency set and is reconciled to the usage instead, so it counts once; otherwise
+# the usage is added as a request of its own, and the mark stops a reserve still on its way.
+# ARGV: SETTLE's, then ledger_ttl, requests -> 1 recorded, 2 reconciled, 0 applied before
+RECORD = (
+    _LEVEL
+    + """
+if not redis.call('SET', KEYS[5], '1', 'NX', 'EX', ARGV[10]) then return 0 end
+if redis.call('ZSCORE', KEYS[2], ARGV[9]) then
+"""
+    + _RECONCILE
+    + """
+  for k = 3, 4 do redis.call('HINCRBY', KEYS[k], 'req', tonumber(ARGV[15]) - 1) end
+  return 2
+end
+for k = 3, 4 do
+  redis.call('HINCRBY', KEYS[k], 'in', ARGV[4])
+  redis.call('HINCRBY', KEYS[k], 'out', ARGV[5])
+  redis.call('HINCRBY', KEYS[k], 'req', ARGV[15])
+  redis.call('HINCRBY', KEYS[k], 'aud', ARGV[12])
+  redis.call('EXPIRE', KEYS[k], ARGV[14])
 end
 return 1
 """
+)
 
 # ARGV: now, lim_in, lim_out, lim_total, lim_rpm, lim_audio -> levels as strings ('' for unset limits),
 # active count

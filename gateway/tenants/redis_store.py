@@ -14,6 +14,15 @@ replica's heartbeat, counts the live replicas and notices a Redis that forgot it
 is gone).
 Concurrency slots are leases: a replica renews its open ones every lease/3 seconds, so a crashed
 replica's slots expire instead of leaking.
+
+The request path's calls (key and tenant loads, reserve, levels, settle) each wait at most `deadline_s`
+(store.deadline_s, 50 ms): a call that misses it raises StoreSlow (it is left to finish in the
+background) and marks the store slow; from then on
+those calls are refused at once (nothing is sent) until a background probe — a PING every
+`PROBE_INTERVAL_S` — answers within the deadline again. A reserve given up on may still land in Redis: its
+id is kept among the leases (renewed if it did land), and the fail-open record of the request reconciles
+it instead of counting the request twice (redis_scripts.RECORD). Calls made off the request path — the
+periodic check, seeding, the admin API, outbox replays (`Store.patient`) — wait for the socket timeout.
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ import contextlib
 import logging
 import time
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from functools import partial
 from typing import Any, TypeVar
 
@@ -34,6 +44,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway import replicas
+from gateway.tenants import metrics
 from gateway.tenants.failopen import Known
 from gateway.tenants.models import KeyRecord, Quotas, TenantSpec
 from gateway.tenants.quota import (
@@ -48,7 +59,7 @@ from gateway.tenants.quota import (
 )
 from gateway.tenants.redis_batch import ScriptBatch
 from gateway.tenants.redis_scripts import LEVELS, RECORD, RESERVE, SETTLE
-from gateway.tenants.store import Health, Store, StoreState, StoreUnavailable, StoreUnusable
+from gateway.tenants.store import Health, Store, StoreSlow, StoreState, StoreUnavailable, StoreUnusable
 
 log = logging.getLogger("omnigate.tenants.redis")
 T = TypeVar("T")
@@ -60,6 +71,9 @@ BUCKET_TTL_S = 3600
 # replay's for two days (replays are few, and may repeat after a restart).
 FIRST_MARK_TTL_S = 3600
 REPLAY_MARK_TTL_S = 2 * 86400
+_PATIENT: ContextVar[bool] = ContextVar("patient", default=False)  # see Store.patient
+PROBE_INTERVAL_S = 0.1
+"""How often a slow store is probed; it is slow at least this long after it missed a deadline."""
 
 
 def _text(value: bytes | str) -> str:
@@ -84,6 +98,7 @@ class RedisStore(Store):
         socket_timeout: float = 2.0,
         max_connections: int = 64,
         replica: str | None = None,
+        deadline_s: float = 0.05,
     ) -> None:
         self.url = url
         self.prefix = prefix
@@ -91,6 +106,9 @@ class RedisStore(Store):
         self.retry_interval = retry_interval
         self.lease_s = lease_s
         self.socket_timeout = socket_timeout
+        self.deadline_s = deadline_s
+        self.slow = False  # a request-path call missed its deadline and no probe has answered in time since
+        self._probe: asyncio.Task[None] | None = None
         self.channel = prefix + "changes"
         self.replica_id = replica or replicas.replica_name()
         # A blocking pool: a burst of admissions waits for a free connection instead of failing. A command
@@ -135,17 +153,72 @@ class RedisStore(Store):
     def _mark_key(self, tenant_id: str, reservation_id: str) -> str:
         return f"{self.prefix}q:{{{tenant_id}}}:applied:{reservation_id}"
 
-    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, op: Callable[[], Awaitable[T]], bounded: str | None = None) -> T:
+        """Run one Redis operation; `bounded` names a request-path operation, which waits at most the
+        deadline and is not sent while the store is slow."""
         if time.monotonic() < self._down_until:
-            raise StoreUnavailable("redis unavailable (backing off)")
+            raise StoreUnavailable("redis unavailable (backing off)", sent=False)
+        if bounded is None or _PATIENT.get():
+            return await self._run(op)
+        if self.slow:
+            raise StoreSlow("redis slow: waiting for it to answer within its deadline", sent=False)
+        # A task of its own, not cancelled at the deadline: a reply read in the loop turn the deadline
+        # fired in (a busy loop runs both at once) still counts, and a call that does miss it is left to
+        # finish rather than cut mid-reply (which would cost its connection).
+        call = asyncio.ensure_future(self._run(op))
+        call.add_done_callback(_retrieve)
+        await asyncio.wait((call,), timeout=self.deadline_s)
+        if not call.done():
+            await asyncio.sleep(0)
+        if call.done():
+            return call.result()
+        metrics.STORE_DEADLINE_MISSES.labels(bounded).inc()
+        self._mark_slow()
+        raise StoreSlow(f"redis did not answer {bounded} within {self.deadline_s * 1000:.0f} ms")
+
+    async def _run(self, op: Callable[[], Awaitable[T]]) -> T:
         try:
             result = await op()
         except OUTAGE_ERRORS as e:
             self._failed(StoreUnavailable(f"redis unavailable: {type(e).__name__}"))
         except ResponseError as e:
             self._failed(StoreUnusable(f"redis refused: {e}"))
-        self.on_state("up")
+        self.on_state("slow" if self.slow else "up")
         return result
+
+    @contextlib.contextmanager
+    def patient(self) -> Iterator[None]:
+        token = _PATIENT.set(True)
+        try:
+            yield
+        finally:
+            _PATIENT.reset(token)
+
+    def _mark_slow(self) -> None:
+        if not self.slow:
+            self.slow = True
+            self.on_state("slow")
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._probe_until_quick())
+
+    async def _probe_until_quick(self) -> None:
+        """PING until Redis answers within the deadline; then the request path uses it again."""
+        while True:
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            started = time.monotonic()
+            try:
+                await self.redis.ping()
+            except OUTAGE_ERRORS:
+                self.on_state("down")
+                continue
+            except ResponseError:
+                self.on_state("unusable")
+                continue
+            if time.monotonic() - started <= self.deadline_s:
+                self.slow = False
+                self._down_until = 0.0
+                self.on_state("up")
+                return
 
     def _failed(self, error: StoreUnavailable) -> typing.NoReturn:
         self._down_until = time.monotonic() + self.retry_interval
@@ -191,6 +264,10 @@ class RedisStore(Store):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
         await self.redis.aclose()
 
     async def _listen(self) -> None:
@@ -241,7 +318,7 @@ class RedisStore(Store):
             return cache[ident]
         generation = self._generation
         try:
-            value = await self._call(load)
+            value = await self._call(load, "lookup")
         except StoreUnavailable:
             if ident in stale:  # cached before the subscription broke; Redis cannot say otherwise now
                 return stale[ident]
@@ -364,8 +441,13 @@ class RedisStore(Store):
             _limit(quotas.daily_audio_seconds and quotas.daily_audio_seconds * 1000),
             _limit(quotas.monthly_audio_seconds and quotas.monthly_audio_seconds * 1000),
         ]
-        keys = self._quota_keys(tenant_id, now)
-        result = await self._call(lambda: self._batch.call(self._reserve, keys, args))
+        keys = [*self._quota_keys(tenant_id, now), self._mark_key(tenant_id, reservation_id)]
+        try:
+            result = await self._call(lambda: self._batch.call(self._reserve, keys, args), "reserve")
+        except StoreUnavailable as e:
+            if e.sent:  # it may land yet: its slot is renewed until the fail-open record reconciles it
+                self._leases[reservation_id] = tenant_id
+            raise
         if int(result[0]) == 1:
             self._leases[reservation_id] = tenant_id
             levels = {n: float(v) for n, v in zip(BUCKET_LIMITS, result[1:6], strict=True) if v}
@@ -396,7 +478,7 @@ class RedisStore(Store):
             self._clear_caches()
             self._stale_tenants.clear()
             self._stale_keys.clear()
-        return Health("up", live, emptied)
+        return Health("slow" if self.slow else "up", live, emptied)
 
     async def mark_seeded(self) -> None:
         await self._call(lambda: self.redis.set(self.prefix + "seeded", "1"))
@@ -412,27 +494,26 @@ class RedisStore(Store):
         reservation_id: str,
         replay: bool = False,
     ) -> None:
-        args: list[str | int | float] = [
-            repr(now),
-            reserved.input_tokens,
-            reserved.output_tokens,
-            actual.input_tokens,
-            actual.output_tokens,
-            *(_limit(getattr(quotas, name)) for name in BUCKET_LIMITS[:3]),
-            reservation_id,
-            REPLAY_MARK_TTL_S if replay else FIRST_MARK_TTL_S,
-            reserved.audio_ms,
-            actual.audio_ms,
-            _limit(quotas.audio_spm),
-        ]
+        args = _reconcile_args(quotas, reserved, actual, now, reservation_id, replay)
         self._leases.pop(reservation_id, None)
         keys = [*self._quota_keys(tenant_id, reserved_at), self._mark_key(tenant_id, reservation_id)]
-        await self._call(lambda: self._batch.call(self._settle, keys, args))
+        await self._call(lambda: self._batch.call(self._settle, keys, args), "settle")
 
-    async def record_usage(self, tenant_id: str, reservation_id: str, ts: float, usage: Charge) -> None:
-        keys = [*self._quota_keys(tenant_id, ts)[2:], self._mark_key(tenant_id, reservation_id)]
-        args = [usage.input_tokens, usage.output_tokens, LEDGER_TTL_S, REPLAY_MARK_TTL_S, usage.audio_ms]
+    async def record_usage(
+        self,
+        tenant_id: str,
+        quotas: Quotas,
+        reserved: Charge,
+        usage: Charge,
+        ts: float,
+        now: float,
+        reservation_id: str,
+        requests: int = 1,
+    ) -> None:
+        keys = [*self._quota_keys(tenant_id, ts), self._mark_key(tenant_id, reservation_id)]
+        args = [*_reconcile_args(quotas, reserved, usage, now, reservation_id, True), LEDGER_TTL_S, requests]
         await self._call(lambda: self._record(keys=keys, args=args))
+        self._leases.pop(reservation_id, None)
 
     async def _levels_and_active(self, tenant_id: str, quotas: Quotas, now: float) -> list[Any]:
         args: list[str | int | float] = [
@@ -440,7 +521,7 @@ class RedisStore(Store):
             *(_limit(getattr(quotas, name)) for name in BUCKET_LIMITS),
         ]
         keys = self._quota_keys(tenant_id, now)[:2]
-        result: list[Any] = await self._call(lambda: self._batch.call(self._levels, keys, args))
+        result: list[Any] = await self._call(lambda: self._batch.call(self._levels, keys, args), "levels")
         return result
 
     async def levels(self, tenant_id: str, quotas: Quotas, now: float) -> dict[str, float]:
@@ -469,3 +550,28 @@ class RedisStore(Store):
             if r[2] is not None
         }
         return rows, LedgerRow(*(int(v or 0) for v in raw[-1]))
+
+
+def _retrieve(call: asyncio.Future[Any]) -> None:
+    """A call given up on may fail later: its error is the failure mode's already, not one to report."""
+    if not call.cancelled():
+        call.exception()
+
+
+def _reconcile_args(
+    quotas: Quotas, reserved: Charge, actual: Charge, now: float, reservation_id: str, replay: bool
+) -> list[str | int | float]:
+    """The arguments of redis_scripts.SETTLE (and the first ones of RECORD)."""
+    return [
+        repr(now),
+        reserved.input_tokens,
+        reserved.output_tokens,
+        actual.input_tokens,
+        actual.output_tokens,
+        *(_limit(getattr(quotas, name)) for name in BUCKET_LIMITS[:3]),
+        reservation_id,
+        REPLAY_MARK_TTL_S if replay else FIRST_MARK_TTL_S,
+        reserved.audio_ms,
+        actual.audio_ms,
+        _limit(quotas.audio_spm),
+    ]

@@ -77,6 +77,8 @@ class Reservation:
     reserved_at: float
     local: bool = False
     settled: bool = False
+    # the store's reserve was sent and not answered (a deadline, a broken connection): it may land yet
+    abandoned: bool = False
 
 
 def build_store(
@@ -93,7 +95,9 @@ def build_store(
         raise ValueError("store.redis_url is required when store.kind is redis")
     from gateway.tenants.redis_store import RedisStore
 
-    return RedisStore(config.redis_url, config.redis_prefix, clock=clock, replica=replica)
+    return RedisStore(
+        config.redis_url, config.redis_prefix, clock=clock, replica=replica, deadline_s=config.deadline_s
+    )
 
 
 def parse_bootstrap(entries: Sequence[Mapping[str, Any]]) -> list[BootstrapTenant]:
@@ -169,6 +173,10 @@ class TenantService:
         return self.store_state == "up"
 
     async def _bootstrap(self) -> None:
+        with self.store.patient():
+            await self._seed()
+
+    async def _seed(self) -> None:
         for entry in self.bootstrap:
             if await self.store.get_tenant(entry.id) is None:
                 try:
@@ -199,7 +207,7 @@ class TenantService:
         configured tenants and keys are seeded again at once."""
         async with self._checking:
             health = await self.store.check(self.clock())
-            if health.state == "up":
+            if health.state in ("up", "slow"):
                 self.replicas = health.replicas
                 if health.emptied:
                     with contextlib.suppress(StoreUnavailable):
@@ -217,9 +225,20 @@ class TenantService:
         """Whether this replica can serve as far as the store goes, and what /readyz shows of it: not
         when the store answers but refuses (it looks up but is not usable), nor when it is down and the
         failure mode is closed (every request would get 503)."""
-        ready = self.store_state == "up" or (self.store_state == "down" and self.failure == "open")
-        body = {"state": self.store_state, "failure_mode": self.failure, "replicas": self.replicas}
+        state = self.store_state
+        ready = state == "up" or (state in ("down", "slow") and self.failure == "open")
+        body = {"state": state, "failure_mode": self.failure, "replicas": self.replicas}
         return ready, body
+
+    def admin_view(self) -> dict[str, Any]:
+        """`/admin/state`'s store: what /readyz shows, the kind, the request path's deadline on a shared
+        store (state `slow` while it is missed) and the charges the outbox still owes it."""
+        return {
+            "kind": self.store.kind,
+            **self.readiness()[1],
+            "deadline_s": getattr(self.store, "deadline_s", None),
+            "outbox_pending": len(self.outbox.pending),
+        }
 
     async def close(self) -> None:
         await self.store.close()
@@ -237,13 +256,18 @@ class TenantService:
             return
         was, self.store_state = self.store_state, state
         metrics.STORE_UP.set(1 if state == "up" else 0)
+        metrics.STORE_SLOW.set(1 if state == "slow" else 0)
         if state == "up":
             log.warning("tenant store %s usable again (was %s)", self.store.kind, was)
             return
         if was == "up":  # a new outage: fail-open shares start again from the last known state
             self.local = QuotaBook()
             self._local_quotas.clear()
-        what = "unreachable" if state == "down" else "reachable but refusing calls"
+        what = {
+            "down": "unreachable",
+            "slow": "slower than its deadline (probed until it answers in time)",
+            "unusable": "reachable but refusing calls",
+        }[state]
         log.error("tenant store %s %s; failure mode: fail-%s", self.store.kind, what, self.failure)
 
     def _local(self, tenant: Tenant) -> Quotas:
@@ -260,11 +284,9 @@ class TenantService:
     def _store_errors(self, operation: str) -> Iterator[None]:
         try:
             yield
-        except StoreUnavailable:
+        except StoreUnavailable as e:
             metrics.STORE_ERRORS.labels(operation).inc()
-            raise ApiError(
-                503, "The tenant/quota store is unavailable.", code=ErrorCode.QUOTA_STORE_UNAVAILABLE
-            ) from None
+            raise _unavailable(e) from None
 
     # -- request path -----------------------------------------------------------------------------
     async def authenticate(self, authorization: str | None) -> Tenant:
@@ -342,20 +364,38 @@ class TenantService:
         res = Reservation(os.urandom(16).hex(), tenant, charge, now)
         try:
             denial = await self.store.reserve(tenant.id, tenant.quotas, res.charge, now, res.id)
-        except StoreUnavailable:
+        except StoreUnavailable as e:
             metrics.STORE_ERRORS.labels("reserve").inc()
+            res.local, res.abandoned = True, e.sent
             if self.failure == "closed":
-                raise ApiError(
-                    503, "The quota store is unavailable.", code=ErrorCode.QUOTA_STORE_UNAVAILABLE
-                ) from None
-            res.local = True
+                await self._release(res)
+                raise _unavailable(e) from None
             denial = self.local.try_reserve(tenant.id, self._local(tenant), res.charge, now)
             if denial is None:
                 metrics.FAIL_OPEN_ADMISSIONS.inc()
+            else:
+                await self._release(res)
         if denial is not None:
             metrics.QUOTA_DENIALS.labels(denial.limit).inc()
             raise QuotaExceeded(tenant, denial)
         return res
+
+    async def _release(self, res: Reservation) -> None:
+        """A request refused after its reserve was sent and not answered: should that reserve land, the
+        outbox's record takes it back (it counts nothing)."""
+        if res.abandoned:
+            res.settled = True
+            entry = Entry(
+                "release",
+                res.id,
+                res.tenant.id,
+                res.tenant.quotas,
+                res.charge,
+                Charge(),
+                res.reserved_at,
+                res.reserved_at,
+            )
+            await self._owe(entry, "a reserve given up on")
 
     async def minute_levels(self, tenant: Tenant, now: float | None = None) -> dict[str, float]:
         """Read-only: the current level of each per-minute limit the tenant has (the `x-ratelimit-*`
@@ -411,9 +451,16 @@ class TenantService:
 
     async def _apply(self, entry: Entry, replay: bool) -> None:
         """Give the store one charge: a reconcile, or a fail-open admission's usage for its ledger."""
-        if entry.kind == "usage":
+        if entry.kind != "settle":
             await self.store.record_usage(
-                entry.tenant_id, entry.reservation_id, entry.reserved_at, entry.actual
+                entry.tenant_id,
+                entry.quotas,
+                entry.reserved,
+                entry.actual,
+                entry.reserved_at,
+                entry.now,
+                entry.reservation_id,
+                requests=1 if entry.kind == "usage" else 0,
             )
             return
         await self.store.settle(
@@ -438,7 +485,8 @@ class TenantService:
         applied = 0
         for entry in list(self.outbox.pending.values()):
             try:
-                await self._apply(entry, replay=True)
+                with self.store.patient():
+                    await self._apply(entry, replay=True)
             except StoreUnavailable:
                 break
             except Exception:
@@ -462,11 +510,11 @@ class TenantService:
 
     # -- administration ---------------------------------------------------------------------------
     async def list_tenants(self) -> list[TenantSpec]:
-        with self._store_errors("admin"):
+        with self._store_errors("admin"), self.store.patient():
             return await self.store.list_tenants()
 
     async def get_tenant(self, tenant_id: str) -> TenantSpec:
-        with self._store_errors("admin"):
+        with self._store_errors("admin"), self.store.patient():
             spec = await self.store.get_tenant(tenant_id)
         if spec is None:
             raise ApiError(
@@ -482,7 +530,7 @@ class TenantService:
         data = body.model_dump(exclude_none=True)
         data.setdefault("quotas", self.defaults.quotas.model_dump())
         spec = TenantSpec.model_validate({**data, "created_at": now, "updated_at": now})
-        with self._store_errors("admin"):
+        with self._store_errors("admin"), self.store.patient():
             created = await self.store.create_tenant(spec)
         if not created:
             raise ApiError(
@@ -493,7 +541,7 @@ class TenantService:
 
     async def update_tenant(self, tenant_id: str, patch: TenantPatch) -> TenantSpec:
         spec = (await self.get_tenant(tenant_id)).patched(patch, self.clock())
-        with self._store_errors("admin"):
+        with self._store_errors("admin"), self.store.patient():
             if not await self.store.update_tenant(spec):
                 raise ApiError(
                     404, f"No tenant {tenant_id!r}.", code=ErrorCode.TENANT_NOT_FOUND, param="tenant_id"
@@ -502,7 +550,7 @@ class TenantService:
         return spec
 
     async def delete_tenant(self, tenant_id: str) -> None:
-        with self._store_errors("admin"):
+        with self._store_errors("admin"), self.store.patient():
             deleted = await self.store.delete_tenant(tenant_id)
         if not deleted:
             raise ApiError(
@@ -515,18 +563,18 @@ class TenantService:
         """A new key for the tenant: its record and the plaintext, which is never stored or shown again."""
         await self.get_tenant(tenant_id)
         record, plaintext = new_key(tenant_id, name, self.clock())
-        with self._store_errors("admin"):
+        with self._store_errors("admin"), self.store.patient():
             await self.store.add_key(record)
         log.info("key %s (%s…) created for tenant %s", record.id, record.prefix, tenant_id)
         return record, plaintext
 
     async def list_keys(self, tenant_id: str) -> list[KeyRecord]:
         await self.get_tenant(tenant_id)
-        with self._store_errors("admin"):
+        with self._store_errors("admin"), self.store.patient():
             return await self.store.list_keys(tenant_id)
 
     async def revoke_key(self, tenant_id: str, key_id: str) -> KeyRecord:
-        with self._store_errors("admin"):
+        with self._store_errors("admin"), self.store.patient():
             record = await self.store.revoke_key(tenant_id, key_id, self.clock())
         if record is None:
             raise ApiError(
@@ -541,5 +589,14 @@ class TenantService:
     async def usage(self, tenant_id: str, days: int = 7) -> dict[str, Any]:
         """Remaining per-minute capacity, concurrency, today's and this month's budget, per-day history."""
         tenant = self.resolve(await self.get_tenant(tenant_id))
-        with self._store_errors("usage"):
+        with self._store_errors("usage"), self.store.patient():
             return await usage_report(self.store, tenant, self.clock(), days)
+
+
+def _unavailable(error: StoreUnavailable) -> ApiError:
+    """The 503 of a request the store could not serve (fail-closed, or an admin or key lookup)."""
+    if error.state == "slow":
+        message = "The tenant/quota store is not answering within its deadline; retry shortly."
+    else:
+        message = "The tenant/quota store is unavailable."
+    return ApiError(503, message, code=ErrorCode.QUOTA_STORE_UNAVAILABLE, retry_after=1.0)

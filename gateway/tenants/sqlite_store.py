@@ -262,11 +262,21 @@ class SQLiteStore(MemoryStore):
         )
         self._owed.discard(reservation_id)
 
-    async def record_usage(self, tenant_id: str, reservation_id: str, ts: float, usage: Charge) -> None:
+    async def record_usage(
+        self,
+        tenant_id: str,
+        quotas: Quotas,
+        reserved: Charge,
+        usage: Charge,
+        ts: float,
+        now: float,
+        reservation_id: str,
+        requests: int = 1,
+    ) -> None:
         await self._load_periods(tenant_id, ts)
-        row = (tenant_id, day_of(ts), usage.input_tokens, usage.output_tokens, 1, usage.audio_ms)
+        row = (tenant_id, day_of(ts), usage.input_tokens, usage.output_tokens, requests, usage.audio_ms)
         if await self._transaction([(LEDGER_UPSERT, row)], False, (reservation_id, time.time())):
-            self.book.record(tenant_id, ts, usage.input_tokens, usage.output_tokens, 1, usage.audio_ms)
+            self.book.record(tenant_id, ts, usage.input_tokens, usage.output_tokens, requests, usage.audio_ms)
 
     async def ledger(
         self, tenant_id: str, days: list[str], month: str

@@ -7,6 +7,8 @@ are seconds since the epoch from the caller's clock, so tests drive every store 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -14,14 +16,26 @@ from gateway.tenants.failopen import Known
 from gateway.tenants.models import KeyRecord, Quotas, TenantSpec
 from gateway.tenants.quota import Charge, Denial, LedgerRow
 
-StoreState = Literal["up", "down", "unusable"]
+StoreState = Literal["up", "slow", "down", "unusable"]
 
 
 class StoreUnavailable(Exception):
     """The store cannot take the call now (Redis unreachable, a SQLite file locked); the service applies
-    the configured failure mode."""
+    the configured failure mode. `sent`: the call may have reached the store (its fate is unknown), False
+    when it was refused here without being sent."""
 
     state: StoreState = "down"
+
+    def __init__(self, message: str, *, sent: bool = True) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class StoreSlow(StoreUnavailable):
+    """The store did not answer a request-path call within its deadline, or has not answered quickly
+    since it last missed one (it is probed in the background)."""
+
+    state: StoreState = "slow"
 
 
 class StoreUnusable(StoreUnavailable):
@@ -55,6 +69,12 @@ class Store(ABC):
 
     async def mark_seeded(self) -> None:  # noqa: B027 - optional hook: only a shared store can forget
         """Record that the configured tenants are in the store, so that `check` sees when it forgets."""
+
+    @contextmanager
+    def patient(self) -> Iterator[None]:
+        """Calls made inside wait for the store as long as it takes (seeding, the admin API, outbox
+        replays): only the request path is held to a shared store's deadline."""
+        yield
 
     def known(self, tenant_id: str) -> Known | None:
         """The tenant's shared quota state as this replica last saw it (where fail-open limits start);
@@ -117,9 +137,21 @@ class Store(ABC):
         not applied and never anything twice."""
 
     @abstractmethod
-    async def record_usage(self, tenant_id: str, reservation_id: str, ts: float, usage: Charge) -> None:
+    async def record_usage(
+        self,
+        tenant_id: str,
+        quotas: Quotas,
+        reserved: Charge,
+        usage: Charge,
+        ts: float,
+        now: float,
+        reservation_id: str,
+        requests: int = 1,
+    ) -> None:
         """Add one request admitted elsewhere (under local limits while this store was down) to the
-        day/month ledger of `ts`, once per reservation id."""
+        day/month ledger of `ts`, once per reservation id; `requests` 0 for one refused locally (it counts
+        nothing). A store whose reserve of `reserved` for that id may have landed after the caller gave up
+        on it (a deadline) settles that reservation to `usage` instead: the ledger counts it once."""
 
     @abstractmethod
     async def levels(self, tenant_id: str, quotas: Quotas, now: float) -> dict[str, float]:

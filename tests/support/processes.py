@@ -212,6 +212,22 @@ class Processes:
         ]
         return self._add(name, argv, redis_probe, port)
 
+    def delay_proxy(self, upstream: ManagedProcess, delay_file: Path) -> ManagedProcess:
+        """tests/support/delay_proxy.py in front of the Redis `upstream`: its replies held for the seconds
+        `delay_file` says; ready when a PING goes through."""
+        argv = [
+            sys.executable,
+            "-m",
+            "tests.support.delay_proxy",
+            "--port",
+            "{port}",
+            "--upstream-port",
+            str(upstream.port),
+            "--delay-file",
+            str(delay_file),
+        ]
+        return self._add("delay-proxy", argv, redis_probe, None)
+
     def close(self) -> None:
         for child in reversed(self.children):
             child.stop(grace=5.0)
