@@ -98,7 +98,7 @@ def _routes(gw: Gateway) -> list[BaseRoute]:
 
     async def state(request: Request) -> Response:
         require_admin(request, gw.admin_token)
-        return JSONResponse(gw.live.admin_state())
+        return JSONResponse({**gw.live.admin_state(), "store": gw.tenants.admin_view()})
 
     return [
         Route(
@@ -113,9 +113,6 @@ def _routes(gw: Gateway) -> list[BaseRoute]:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", prom, methods=["GET"]),
-        Route("/admin/policy/reload", policy_reload, methods=["POST"]),
-        Route("/admin/policy", policy_get, methods=["GET"]),
-        Route("/admin/state", state, methods=["GET"]),
         Mount(
             "/admin",
             routes=admin_routes(
@@ -123,6 +120,11 @@ def _routes(gw: Gateway) -> list[BaseRoute]:
                 gw.admin_token,
                 extra_openapi_paths=_ADMIN_OPENAPI,
                 openapi_public=gw.config.admin.openapi_public,
+                extra_routes=[
+                    Route("/policy/reload", policy_reload, methods=["POST"]),
+                    Route("/policy", policy_get, methods=["GET"]),
+                    Route("/state", state, methods=["GET"]),
+                ],
             ),
         ),
     ]
@@ -139,10 +141,13 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (404, 405) in the OpenAI error shape, with their headers (`Allow`)."""
     status = getattr(exc, "status_code", 500)
     detail = getattr(exc, "detail", None) or "Request failed."
     code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(status, ErrorCode.HTTP_ERROR)
-    return await _api_error(request, ApiError(status, str(detail), code=code))
+    response = await _api_error(request, ApiError(status, str(detail), code=code))
+    response.headers.update(getattr(exc, "headers", None) or {})
+    return response
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:

@@ -37,7 +37,9 @@ def validation_error(err: ValidationError) -> ApiError:
 
 
 async def parse_body(request: Request, model: type[M], *, empty_ok: bool = False) -> M:
-    """The request's JSON object validated as `model`; 400 naming the field otherwise."""
+    """The request's JSON object validated as `model`, strictly (the types the OpenAPI document
+    publishes: no boolean for a number, no string for an integer); 400 naming the field otherwise.
+    pydantic parses the JSON itself so that large integers stay exact (and meet their bounds)."""
     raw = await request.body()
     if not raw.strip() and empty_ok:
         raw = b"{}"
@@ -48,7 +50,7 @@ async def parse_body(request: Request, model: type[M], *, empty_ok: bool = False
     if not isinstance(data, dict):
         raise ApiError(400, "Request body must be a JSON object.", code=ErrorCode.INVALID_JSON)
     try:
-        return model.model_validate(data)
+        return model.model_validate_json(raw, strict=True)
     except ValidationError as e:
         raise validation_error(e) from None
 

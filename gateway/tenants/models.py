@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import Annotated, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from gateway.schema import Frozen
 
@@ -21,6 +21,21 @@ OverQuota = Literal["reject", "wait"]
 TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 KEY_PREFIX = "og-"
 KEY_DISPLAY_CHARS = 7  # "og-" and 4 random characters: 24 of a generated key's 256 bits
+
+
+def _whole(value: object) -> object:
+    """JSON Schema's integer includes 3.0; the admin API parses strictly (no true as 1, no "3")."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# Integers as JSON Schema has them, under the admin API's strict parsing (the bounds stay ahead of the
+# validator, or pydantic leaves them out of the published schema); quotas stay within the integers a
+# double (Redis's Lua) and JSON carry exactly.
+MAX_QUOTA = 2**53 - 1
+PRIORITY_BOUND = 2**31 - 1
+Limit = Annotated[int, Field(ge=1, le=MAX_QUOTA), BeforeValidator(_whole)]
+QueueLimit = Annotated[int, Field(ge=0, le=MAX_QUOTA), BeforeValidator(_whole)]
+Priority = Annotated[int, Field(ge=-PRIORITY_BOUND, le=PRIORITY_BOUND), BeforeValidator(_whole)]
 
 
 def display_prefix(key: str) -> str:
@@ -32,24 +47,26 @@ def display_prefix(key: str) -> str:
 class Quotas(Frozen):
     """Per-tenant limits; None means unlimited. Token limits count image/audio tokens as input."""
 
-    input_tpm: int | None = Field(default=None, ge=1, description="Input (prompt) tokens per minute.")
-    output_tpm: int | None = Field(default=None, ge=1, description="Output tokens per minute.")
-    total_tpm: int | None = Field(default=None, ge=1, description="Input plus output tokens per minute.")
-    rpm: int | None = Field(default=None, ge=1, description="Requests per minute.")
-    audio_spm: int | None = Field(
-        default=None, ge=1, description="Audio seconds per minute that answers speak (speech out)."
+    input_tpm: Limit | None = Field(default=None, description="Input (prompt) tokens per minute.")
+    output_tpm: Limit | None = Field(default=None, description="Output tokens per minute.")
+    total_tpm: Limit | None = Field(default=None, description="Input plus output tokens per minute.")
+    rpm: Limit | None = Field(default=None, description="Requests per minute.")
+    audio_spm: Limit | None = Field(
+        default=None,
+        description="Audio seconds per minute that answers speak (speech out).",
     )
-    max_concurrent: int | None = Field(
-        default=None, ge=1, description="Requests admitted and not yet finished."
+    max_concurrent: Limit | None = Field(default=None, description="Requests admitted and not yet finished.")
+    max_queued: QueueLimit | None = Field(
+        default=None, description="Requests waiting in one replica's queue."
     )
-    max_queued: int | None = Field(default=None, ge=0, description="Requests waiting in one replica's queue.")
-    daily_tokens: int | None = Field(default=None, ge=1, description="Token budget per UTC day.")
-    monthly_tokens: int | None = Field(default=None, ge=1, description="Token budget per UTC calendar month.")
-    daily_audio_seconds: int | None = Field(
-        default=None, ge=1, description="Audio seconds answers may speak per UTC day."
+    daily_tokens: Limit | None = Field(default=None, description="Token budget per UTC day.")
+    monthly_tokens: Limit | None = Field(default=None, description="Token budget per UTC calendar month.")
+    daily_audio_seconds: Limit | None = Field(
+        default=None, description="Audio seconds answers may speak per UTC day."
     )
-    monthly_audio_seconds: int | None = Field(
-        default=None, ge=1, description="Audio seconds answers may speak per UTC calendar month."
+    monthly_audio_seconds: Limit | None = Field(
+        default=None,
+        description="Audio seconds answers may speak per UTC calendar month.",
     )
 
 
@@ -60,8 +77,8 @@ class _Editable(BaseModel):
 
     name: str = Field(default="", max_length=200)
     weight: float | None = Field(default=None, gt=0, description="Fair-share weight; None = policy default.")
-    default_priority: int | None = None
-    max_priority: int | None = None
+    default_priority: Priority | None = None
+    max_priority: Priority | None = None
     default_class: str | None = Field(default=None, min_length=1)
     allowed_classes: list[str] | None = Field(
         default=None, description="None = policy default; [] = any class."
@@ -78,19 +95,21 @@ class TenantCreate(_Editable):
 
 
 class TenantPatch(BaseModel):
-    """Partial update: only the fields present in the request body change (quotas merge field by field)."""
+    """Partial update: only the fields present in the request body change (quotas merge field by field).
+    A null resets a policy-tunable field to the policy's default; `name`, `allowed_models` and `quotas`
+    have no default to return to, so a null there is refused (400 naming it)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(default=None, max_length=200)
+    name: str = Field(default="", max_length=200)
     weight: float | None = Field(default=None, gt=0)
-    default_priority: int | None = None
-    max_priority: int | None = None
+    default_priority: Priority | None = None
+    max_priority: Priority | None = None
     default_class: str | None = Field(default=None, min_length=1)
     allowed_classes: list[str] | None = None
-    allowed_models: list[str] | None = None
+    allowed_models: list[str] = Field(default_factory=list)
     over_quota: OverQuota | None = None
-    quotas: QuotasPatch | None = None
+    quotas: QuotasPatch = Field(default_factory=lambda: QuotasPatch())
 
 
 class QuotasPatch(BaseModel):
@@ -98,17 +117,17 @@ class QuotasPatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    input_tpm: int | None = Field(default=None, ge=1)
-    output_tpm: int | None = Field(default=None, ge=1)
-    total_tpm: int | None = Field(default=None, ge=1)
-    rpm: int | None = Field(default=None, ge=1)
-    audio_spm: int | None = Field(default=None, ge=1)
-    max_concurrent: int | None = Field(default=None, ge=1)
-    max_queued: int | None = Field(default=None, ge=0)
-    daily_tokens: int | None = Field(default=None, ge=1)
-    monthly_tokens: int | None = Field(default=None, ge=1)
-    daily_audio_seconds: int | None = Field(default=None, ge=1)
-    monthly_audio_seconds: int | None = Field(default=None, ge=1)
+    input_tpm: Limit | None = None
+    output_tpm: Limit | None = None
+    total_tpm: Limit | None = None
+    rpm: Limit | None = None
+    audio_spm: Limit | None = None
+    max_concurrent: Limit | None = None
+    max_queued: QueueLimit | None = None
+    daily_tokens: Limit | None = None
+    monthly_tokens: Limit | None = None
+    daily_audio_seconds: Limit | None = None
+    monthly_audio_seconds: Limit | None = None
 
     def apply(self, quotas: Quotas) -> Quotas:
         return quotas.model_copy(update=self.model_dump(exclude_unset=True))
@@ -127,7 +146,7 @@ class TenantSpec(_Editable):
 
     def patched(self, patch: TenantPatch, now: float) -> TenantSpec:
         update = patch.model_dump(exclude_unset=True, exclude={"quotas"})
-        if patch.quotas is not None:
+        if "quotas" in patch.model_fields_set:
             update["quotas"] = patch.quotas.apply(self.quotas)
         update["updated_at"] = now
         return TenantSpec.model_validate({**self.model_dump(), **update})
@@ -186,6 +205,13 @@ class Tenant(BaseModel):
     over_quota: OverQuota
 
 
+class TenantView(TenantSpec):
+    """A tenant as the admin API answers it: the stored fields plus `effective`, the values the request
+    path uses after the policy's defaults."""
+
+    effective: Tenant
+
+
 class KeyRecord(BaseModel):
     """An API key as stored: its hash and a short display prefix, never the plaintext."""
 
@@ -203,10 +229,50 @@ class KeyRecord(BaseModel):
     def revoked(self) -> bool:
         return self.revoked_at is not None
 
-    def public(self) -> dict[str, object]:
+    def public(self) -> KeyView:
         """What admin listings show: everything but the hash (a prefix stored longer, before keys showed
         less, is cut to today's length)."""
-        return {**self.model_dump(exclude={"key_hash"}), "prefix": self.prefix[:KEY_DISPLAY_CHARS]}
+        return KeyView(
+            **self.model_dump(exclude={"key_hash", "prefix"}), prefix=self.prefix[:KEY_DISPLAY_CHARS]
+        )
+
+
+class KeyView(BaseModel):
+    """A key as the admin API shows it: no hash, a display prefix."""
+
+    id: str
+    tenant_id: str
+    prefix: str
+    name: str
+    created_at: float
+    revoked_at: float | None
+
+
+class KeyCreated(KeyView):
+    key: str = Field(description="The plaintext key: shown here once, never stored or shown again.")
+
+
+class KeyCreate(BaseModel):
+    """The optional body of a key's creation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(default="", max_length=200)
+
+
+class TenantList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[TenantView]
+
+
+class KeyList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[KeyView]
+
+
+class Deleted(BaseModel):
+    id: str
+    deleted: Literal[True] = True
 
 
 def hash_key(plaintext: str) -> str:
