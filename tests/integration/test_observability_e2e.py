@@ -57,6 +57,7 @@ SNAPSHOT_HEADER = (
 # Families the scripted run cannot produce a sample for, and why.
 UNREACHED = {
     "omnigate_tenant_store_errors": "needs the tenant store to be unreachable",
+    "omnigate_tenant_store_deadline_misses": "needs a slow Redis (test_slow_store_e2e.py)",
     "omnigate_ledger_outbox": "needs a store that fails a reconcile (tests/tenants/test_outbox*.py)",
     "omnigate_usage_inferred": "every answer here carries usage (tests/tenants/test_charge_e2e.py leaves)",
     "omnigate_client_disconnects": "the script has no disconnect (tests/gateway/test_proxy.py cuts streams)",
