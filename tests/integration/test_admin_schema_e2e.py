@@ -83,12 +83,12 @@ def test_the_cases_it_found(gateway: ManagedProcess) -> None:
     assert "key" in doc["KeyCreated"]["properties"]
     # a method a path lacks: 405 naming those it has (RFC 9110)
     for path, allowed in (
-        ("/admin/tenants/acme", "HEAD, GET, DELETE, PATCH"),
-        ("/admin/tenants/acme/quotas", "PATCH"),
-        ("/admin/state", "HEAD, GET"),
-        ("/admin/policy/reload", "POST"),
+        ("/admin/tenants/acme", {"HEAD", "GET", "DELETE", "PATCH"}),
+        ("/admin/tenants/acme/quotas", {"PATCH"}),
+        ("/admin/state", {"HEAD", "GET"}),
+        ("/admin/policy/reload", {"POST"}),
     ):
         resp = _call(gateway, "PUT", path, {})
         assert resp.status_code == 405, path
-        assert resp.headers["allow"] == allowed, path
+        assert set(resp.headers["allow"].split(", ")) == allowed, path  # Starlette keeps a set: any order
         assert resp.json()["error"]["code"] == "method_not_allowed"
