@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import email.message
 import json
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -60,6 +60,7 @@ class CreateSpeechRequest(BaseModel):
     response_format: str = "wav"
     speed: float = 1.0
     stream: bool = False
+    stream_format: Literal["audio", "sse"] = "audio"
     task_type: str | None = None
     language: str | None = None
     instructions: str | None = None

@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from loadtest.sim.faults import FaultInjector
+from loadtest.sim.omni import speech_api
 from loadtest.sim.omni.config import OmniConfig
 from loadtest.sim.omni.generation import Generator
 from loadtest.sim.omni.metrics import PROMETHEUS_MEDIA_TYPE, HttpMetricsMiddleware, OmniMetrics
@@ -67,13 +68,28 @@ class OmniBackend:
         body = parse_body(await request.body(), request.headers.get("content-type"), ChatCompletionRequest)
         if isinstance(body, list):
             return detail_response(422, body)
-        return await self.generator.chat(body)
+        return await self.generator.chat(body, request.is_disconnected)
 
     async def speech(self, request: Request) -> Response:
-        body = parse_body(await request.body(), request.headers.get("content-type"), CreateSpeechRequest)
+        """The snapshot validates the body as FastAPI does (422); 0.1.9 reads any JSON and answers 400 in
+        OpenAI's envelope."""
+        later = self.config.behaviour.in_band_failures
+        body = parse_body(
+            await request.body(),
+            "application/json" if later else request.headers.get("content-type"),
+            CreateSpeechRequest,
+        )
         if isinstance(body, list):
-            return detail_response(422, body)
-        return await self.generator.speech(body)
+            return speech_api.parse_errors(body) if later else detail_response(422, body)
+        return await self.generator.speech(body, request.is_disconnected)
+
+    async def speech_outcome(self, request: Request) -> Response:
+        """GET /v1/audio/speech/{id}: a finished PCM stream's finish reason and usage (0.1.9)."""
+        request_id = request.path_params["request_id"]
+        outcome = self.generator.outcomes.get(request_id)
+        if outcome is None:
+            return detail_response(404, f"No finished speech stream with request id {request_id}")
+        return json_response(outcome)
 
     # -- information ----------------------------------------------------------------------------------------
     def health_info(self) -> dict[str, Any]:
@@ -179,6 +195,11 @@ def create_app(config: OmniConfig | None = None) -> Starlette:
         Route("/v1/models", omni.models, methods=["GET"]),
         Route("/v1/chat/completions", omni.chat, methods=["POST"]),
         Route("/v1/audio/speech", omni.speech, methods=["POST"]),
+        *(
+            [Route("/v1/audio/speech/{request_id}", omni.speech_outcome, methods=["GET"])]
+            if omni.config.behaviour.in_band_failures
+            else []
+        ),
         Route("/sim/omni/accounting", omni.accounting, methods=["GET"]),
         Route("/admin/faults", omni.get_faults, methods=["GET"]),
         Route("/admin/faults", omni.set_faults, methods=["POST"]),
