@@ -86,6 +86,7 @@ class ErrorCode(StrEnum):
     BACKEND_TOTAL_TIMEOUT = "backend_total_timeout"
     UPSTREAM_ERROR = "upstream_error"
     BACKEND_REQUEST_FAILED = "backend_request_failed"  # a healthy backend failed this one request
+    BACKEND_OVERLOADED = "backend_overloaded"  # the backend refused it for load inside a started stream
     INTERNAL_ERROR = "internal_error"
 
 

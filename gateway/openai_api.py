@@ -155,6 +155,8 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
                 code=ErrorCode.INVALID_TYPE,
             )
     stream = _expect(body, "stream", (bool,), "a boolean") or False
+    if endpoint == "speech" and body.get("stream_format") == "sse":  # OpenAI's way to ask for a stream
+        stream = True
     if stream and endpoint == "embeddings":
         raise ApiError(400, "Embeddings cannot be streamed.", param="stream", code=ErrorCode.INVALID_VALUE)
     for name in ("max_tokens", "max_completion_tokens", "n"):

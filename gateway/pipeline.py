@@ -35,7 +35,9 @@ from gateway.proxy import (
     open_upstream,
 )
 from gateway.speech.events import SPEECH_FORMAT_HEADERS, SPEECH_HEADERS, read_json, speech_seconds
-from gateway.sse import SSERelay, error_event, whole_answer_tokens
+from gateway.speech.meter import SpeechMeter
+from gateway.speech.pcm import PcmFormat
+from gateway.sse import SSERelay, error_event, leading_error, whole_answer_tokens
 from gateway.tenants.charge import infer, left_waiting
 from gateway.ticket import Outcome, Ticket, Usage
 
@@ -233,7 +235,8 @@ class CompletionEndpoint:
                 ticket.bucket, ticket.cost.prompt_tokens, ticket.usage.prompt_tokens
             )
         left = ticket.outcome in (Outcome.PENDING, Outcome.TIMEOUT)
-        self._end(lease, deadlines, left, ticket.usage, ticket.outcome, ttft, tpot)
+        ended = Outcome.OVERLOADED if ticket.backend_overloaded else ticket.outcome  # a drop for the limit
+        self._end(lease, deadlines, left, ticket.usage, ended, ttft, tpot)
 
     def _end(
         self,
@@ -297,6 +300,10 @@ class CompletionEndpoint:
                         stream=ticket.stream,
                         sent=functools.partial(self._sent, ticket, backend),
                     )
+                    refused = leading_error(upstream.first) if ticket.stream else None
+                    if refused is not None:  # refused inside its 200 before any output: as if before it
+                        upstream.close()
+                        raise UpstreamStatusError(*refused)
             except UpstreamError as e:
                 if isinstance(e, (UpstreamConnectError, UpstreamStatusError)):
                     ticket.reached_engine = False  # refused or never connected: the engine did nothing
@@ -307,6 +314,8 @@ class CompletionEndpoint:
                 else:
                     owner.record_no_verdict(backend, ticket.dispatched_at)
                 ended = Outcome.OVERLOADED if verdict.overloaded else Outcome.UPSTREAM_ERROR
+                if verdict.overloaded:
+                    metrics.BACKEND_OVERLOADS.labels(owner.name, backend.name, "before_output").inc()
                 self._end(lease, deadlines, isinstance(e, UpstreamTimeout), Usage(0, 0), ended)
                 metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend, e.label).inc()
                 exclude.add(backend.url)
@@ -378,6 +387,76 @@ class CompletionEndpoint:
             owner.record_failure(lease.backend, ticket.dispatched_at, answered=True)
         return verdict.error
 
+    def _error_event(self, ticket: Ticket, pool: Pool, lease: Lease, error: dict[str, Any]) -> None:
+        """A stream the backend ended with its own error event (relayed as it came): the outcome as its kind
+        reads it — its overload (a drop for the limit, counted, never the client's fault), the request's own
+        fault, or the backend's failure (its circuit counts it)."""
+        owner = self.gw.pools[lease.backend.pool]
+        verdict = owner.kind.judge_event(error, lease.backend)
+        ticket.outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
+        ticket.error, ticket.error_status = verdict.error.message, verdict.error.status
+        if verdict.overloaded:
+            ticket.backend_overloaded = True
+            ticket.error_code = ErrorCode.BACKEND_OVERLOADED
+            metrics.BACKEND_OVERLOADS.labels(owner.name, lease.backend.name, "mid_stream").inc()
+        elif verdict.backend_fault:
+            owner.record_failure(lease.backend, ticket.dispatched_at, answered=True)
+        metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", "error_event").inc()
+
+    async def _relay_audio(
+        self,
+        ex: Exchange,
+        ticket: Ticket,
+        pool: Pool,
+        lease: Lease,
+        upstream: OpenUpstream,
+        deadlines: Deadlines,
+        pcm: PcmFormat | None,
+    ) -> None:
+        """A raw audio stream (sglang-omni's `audio/pcm`) relayed byte for byte under its own content type
+        and format headers, measured from its bytes: time to first audio, audio seconds, real-time factor.
+        Its usage comes afterwards from the backend (the kind's outcome route). A stream the backend drops
+        is dropped for the client too (raw audio has no way to say it failed): the response is left
+        unfinished, and the server closes the connection."""
+        up = upstream.response.headers
+        meter = SpeechMeter()
+        ticket.speech = meter
+        passed = [(k.encode(), up[k].encode()) for k in ("content-type", *SPEECH_FORMAT_HEADERS) if k in up]
+        ex.started = True
+        ex.status = 200
+        await ex.send(
+            {"type": "http.response.start", "status": 200, "headers": passed + self._response_headers(ticket)}
+        )
+        clock = self.gw.clock
+        progress = lease.backend.progress
+        owner = self.gw.pools[lease.backend.pool]
+        try:
+            with upstream.guard(deadlines) as dog:
+                meter.add(clock(), pcm.seconds(len(upstream.first)) if pcm else 0.0)
+                await ex.send({"type": "http.response.body", "body": upstream.first, "more_body": True})
+                dog.reading()
+                async for chunk in upstream.chunks():
+                    dog.relaying()
+                    now = clock()
+                    progress.output(now)
+                    meter.add(now, pcm.seconds(len(chunk)) if pcm else 0.0)
+                    await ex.send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    dog.reading()
+            ticket.outcome = Outcome.OK
+            await ex.finish(b"")
+            used = await owner.stream_usage(lease.backend, up)
+            if used is not None:
+                ticket.usage = Usage(*used)
+        except UpstreamError as e:
+            self._failed(ticket, pool, lease, e)  # the response stays unfinished: the client sees the drop
+        finally:
+            ticket.first_token_at, ticket.last_token_at = meter.first_at, meter.last_at
+            ticket.first_audio_at, ticket.audio_seconds = meter.first_at, meter.seconds
+            ticket.rtf, ticket.audio_stalls = meter.rtf, meter.stalls
+            ticket.finished_at = clock()
+            if ticket.usage is None:
+                infer(ticket, 0)  # no usage told: the estimate's prompt, no text answer
+
     def _response_headers(self, ticket: Ticket) -> list[tuple[bytes, bytes]]:
         return [(k.encode(), v.encode()) for k, v in client_headers(ticket).items()]
 
@@ -425,16 +504,22 @@ class CompletionEndpoint:
         strip_usage: bool,
         deadlines: Deadlines,
     ) -> None:
-        relay = SSERelay(strip_usage, self.gw.estimator.count_text)
+        up = upstream.response.headers
+        pcm = PcmFormat.of(up)
+        if ticket.endpoint == "speech" and not up.get("content-type", "").startswith("text/event-stream"):
+            await self._relay_audio(ex, ticket, pool, lease, upstream, deadlines, pcm)
+            return
+        relay = SSERelay(strip_usage, self.gw.estimator.count_text, pcm.sample_rate if pcm else None)
         ticket.speech = relay.audio  # its speed is what the backend makes for it now (stage budgets)
         send = ex.send
         ex.started = True
         ex.status = 200
+        speech_format = [(k.encode(), up[k].encode()) for k in SPEECH_FORMAT_HEADERS if k in up]
         await send(
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": _SSE_HEADERS + self._response_headers(ticket),
+                "headers": _SSE_HEADERS + speech_format + self._response_headers(ticket),
             }
         )
         clock = self.gw.clock
@@ -454,16 +539,13 @@ class CompletionEndpoint:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                     dog.reading()
             tail = relay.flush()
-            if not relay.done:
+            if relay.error:  # the server's own error event ends it (a speech stream's without [DONE])
+                self._error_event(ticket, pool, lease, relay.error)
+            elif not relay.done:
                 cut = self._failed(
                     ticket, pool, lease, TruncatedStream("Backend closed the stream before it finished.")
                 )
                 tail += error_event(cut.message, cut.status)
-            elif relay.error:
-                ticket.outcome = Outcome.UPSTREAM_ERROR
-                ticket.error = str(relay.error.get("message") or "backend error event")
-                code = relay.error.get("code")
-                ticket.error_status = code if isinstance(code, int) else 502
             else:
                 ticket.outcome = Outcome.OK
             await ex.finish(tail)

@@ -24,6 +24,7 @@ from gateway.speech.events import AUDIO_KEY, EVENT_SCAN, read_json
 from gateway.speech.meter import SpeechMeter
 
 _SEP = b"\n\n"
+SPEECH_DONE = "speech.audio.done"
 # Compact-JSON markers; JSON escaping keeps them out of string values.
 _NO_USAGE_END = b'"usage":null}'
 _NOT_FINISHED = b'"finish_reason":null'
@@ -90,12 +91,16 @@ class SSERelay:
         "error",
         "first_token_at",
         "last_token_at",
+        "pcm_rate",
         "strip_usage",
         "usage",
     )
 
-    def __init__(self, strip_usage: bool, count_text: Callable[[str], int] | None = None) -> None:
+    def __init__(
+        self, strip_usage: bool, count_text: Callable[[str], int] | None = None, pcm_rate: int | None = None
+    ) -> None:
         self.strip_usage = strip_usage
+        self.pcm_rate = pcm_rate  # the stream's x-sample-rate: sizes `speech.audio.delta` PCM
         self._buf = b""
         self._count_text = count_text
         self._text = bytearray()
@@ -161,7 +166,7 @@ class SSERelay:
             self.done = True
             return True
         try:
-            obj, audio_seconds = read_json(payload)
+            obj, audio_seconds = read_json(payload, pcm_rate=self.pcm_rate)
         except orjson.JSONDecodeError:
             return True
         if not isinstance(obj, dict):
@@ -174,6 +179,9 @@ class SSERelay:
             self.error = obj["error"]
             return True
         usage = obj.get("usage")
+        if obj.get("type") == SPEECH_DONE:  # a speech SSE stream's end (no [DONE] follows), Realtime names
+            self.done = True
+            usage = _openai_usage(usage)
         if isinstance(usage, dict):
             self.usage = usage
         if _has_content(obj):
@@ -183,6 +191,32 @@ class SSERelay:
                 self.first_token_at = now
             self.last_token_at = now
         return not (self.strip_usage and obj.get("choices") == [] and isinstance(usage, dict))
+
+
+def _openai_usage(usage: Any) -> dict[str, Any] | None:
+    """`speech.audio.done`'s usage (`input_tokens` / `output_tokens`) in chat's names."""
+    if not isinstance(usage, dict):
+        return None
+    return {"prompt_tokens": usage.get("input_tokens"), "completion_tokens": usage.get("output_tokens")}
+
+
+def leading_error(first: bytes) -> tuple[int, bytes] | None:
+    """A stream whose first event is an error (sglang-omni 0.1.9 refuses a streamed chat so, inside its
+    200): the status its `code` gives (500 without one) and the error's JSON, as if it had come before the
+    200; None when the stream starts with anything else."""
+    if not first.startswith(b"data: {"):
+        return None
+    end = first.find(_SEP)
+    payload = first[6:end] if end >= 0 else first[6:]
+    try:
+        obj = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    error = obj.get("error") if isinstance(obj, dict) else None
+    if not isinstance(error, dict):
+        return None
+    code = error.get("code")
+    return (code if isinstance(code, int) and 400 <= code < 600 else 500), payload
 
 
 def _data_line(event: bytes) -> bytes | None:

@@ -120,6 +120,7 @@ class Ticket:
     error_code: str | None = None
     error: str | None = None  # what went wrong, for the access log and failure alerts
     error_status: int | None = None  # the failure's status when the client already got 200 (mid-stream)
+    backend_overloaded: bool = False  # the backend refused it for load inside a started stream (a drop)
     rate_limits: dict[str, str] | None = None  # the tenant's x-ratelimit-* headers after admission
     max_queued: int | None = None  # the tenant's requests that may wait in a pool's queue (its quota)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import aiohttp
 import anyio
@@ -117,6 +117,12 @@ class Pool:
         healthy = await self.kind.probe(self._probe, state, self._clock)
         self.record_health(state, healthy)
         self.holds.settle(state, self._clock(), sent if healthy else None)
+
+    async def stream_usage(self, state: BackendState, headers: Mapping[str, str]) -> tuple[int, int] | None:
+        """A finished raw-audio stream's (prompt, completion) tokens, asked of the backend off the request
+        path (its kind knows where: sglang-omni's outcome route)."""
+        assert self._probe is not None
+        return await self.kind.stream_usage(self._probe, state, headers)
 
     def record_health(self, state: BackendState, healthy: bool) -> None:
         """A health check's result: the backend's health, and the breaker's cool-down and probing."""

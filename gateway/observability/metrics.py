@@ -103,6 +103,13 @@ UPSTREAM_ERRORS = Counter(
     ["pool", "backend", "phase"],
     registry=REGISTRY,
 )
+BACKEND_OVERLOADS = Counter(
+    "omnigate_backend_overloads_total",
+    "Backend overload answers (a full queue), by where they came: before_output (retried elsewhere, the "
+    "limit shrinks) or mid_stream (inside a started 200: the request is lost, the limit shrinks).",
+    ["pool", "backend", "phase"],
+    registry=REGISTRY,
+)
 LOANS_REVOKED = Counter(
     "omnigate_loans_revoked_total",
     "Requests on a lent backend given back because the lending pool's own requests waited; queued again.",

@@ -28,10 +28,13 @@ HEAD_CHARS = (64, 5464)
 PCM_BYTES_PER_SAMPLE = 2  # sglang-omni's PCM is 16-bit mono
 
 
-def read_json(payload: bytes, scan: int = EVENT_SCAN) -> tuple[Any, float | None]:
+def read_json(
+    payload: bytes, scan: int = EVENT_SCAN, pcm_rate: int | None = None
+) -> tuple[Any, float | None]:
     """The JSON document with its audio payload cut out (`data` left as ""), and the seconds that payload
-    held; None when it holds no audio. Looks for the audio key within the first `scan` bytes. Raises
-    orjson.JSONDecodeError like `orjson.loads`."""
+    held; None when it holds no audio. Looks for the audio key within the first `scan` bytes; raw PCM
+    without a rate of its own (`speech.audio.delta`) is sized by `pcm_rate`, the stream's x-sample-rate.
+    Raises orjson.JSONDecodeError like `orjson.loads`."""
     span = _audio_span(payload, scan)
     if span is None:
         return orjson.loads(payload), None
@@ -41,7 +44,7 @@ def read_json(payload: bytes, scan: int = EVENT_SCAN) -> tuple[Any, float | None
     whole = isinstance(obj, dict) and obj.get("audio") == ""
     if not whole and (audio is None or audio.get("data") != ""):  # not an audio payload: read it whole
         return orjson.loads(payload), None
-    rate = audio.get("sample_rate") if audio is not None else None
+    rate = audio.get("sample_rate") if audio is not None else pcm_rate
     return obj, b64_audio_seconds(payload, start, end, rate if isinstance(rate, int) else None)
 
 

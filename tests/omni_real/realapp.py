@@ -96,6 +96,18 @@ def set_running(url: str, running: bool) -> None:
     httpx.post(url + "/standin/health", json={"running": running}, trust_env=False).raise_for_status()
 
 
+def set_overloaded(url: str, overloaded: bool) -> None:
+    """Every request the app takes is refused with a full queue before its output (or none is)."""
+    httpx.post(url + "/standin/overload", json={"overloaded": overloaded}, trust_env=False).raise_for_status()
+
+
+def refused(url: str) -> int:
+    """Requests refused with a full queue so far (while overloaded)."""
+    count = httpx.get(url + "/standin/aborts", trust_env=False).json()["refused"]
+    assert isinstance(count, int)
+    return count
+
+
 def aborted(url: str) -> list[str]:
     """The request ids the app aborted on its coordinator so far."""
     reply = httpx.get(url + "/standin/aborts", trust_env=False)

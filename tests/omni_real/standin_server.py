@@ -13,7 +13,8 @@ another shape, so a test can trigger each of the server's answers:
 - `[slow]`: ten times the pace (a client can leave while it runs).
 
 Stand-in control routes beside the real ones: `POST /standin/health {"running": bool}` (the coordinator's
-`running`, which `/health` reports), `GET /standin/aborts` (the request ids the app aborted).
+`running`, which `/health` reports), `POST /standin/overload {"overloaded": bool}` (every request refused with
+a full queue), `GET /standin/aborts` (the request ids the app aborted, and how many were refused).
 """
 
 from __future__ import annotations
@@ -129,6 +130,8 @@ class StandInCoordinator:
         self.running = True
         self.requests: dict[str, str] = {}  # id → state
         self.aborted: list[str] = []
+        self.overloaded = False  # every request refused with a full queue before its output
+        self.refused = 0
 
     def health(self) -> dict[str, Any]:
         states: dict[str, int] = {}
@@ -150,8 +153,14 @@ class StandInCoordinator:
         self.aborted.append(request_id)
         return self.requests.pop(request_id, None) is not None
 
+    def _admit(self, request: Any) -> Script:
+        if self.overloaded:
+            self.refused += 1
+            raise QueueFullError()
+        return Script(request)
+
     async def submit(self, request_id: str, request: Any) -> Any:
-        script = Script(request)
+        script = self._admit(request)
         started = time.monotonic()
         self.requests[request_id] = "running"
         try:
@@ -178,7 +187,7 @@ class StandInCoordinator:
             self.requests.pop(request_id, None)
 
     async def stream(self, request_id: str, request: Any) -> AsyncIterator[Any]:
-        script = Script(request)
+        script = self._admit(request)
         started = time.monotonic()
         self.requests[request_id] = "running"
         try:
@@ -210,9 +219,14 @@ def build(model_name: str) -> Any:
         coordinator.running = bool((await request.json()).get("running"))
         return JSONResponse({"running": coordinator.running})
 
+    @app.post("/standin/overload")
+    async def set_overload(request: Request) -> JSONResponse:
+        coordinator.overloaded = bool((await request.json()).get("overloaded"))
+        return JSONResponse({"overloaded": coordinator.overloaded})
+
     @app.get("/standin/aborts")
     async def aborts() -> JSONResponse:
-        return JSONResponse({"aborted": coordinator.aborted})
+        return JSONResponse({"aborted": coordinator.aborted, "refused": coordinator.refused})
 
     return app
 

@@ -1,6 +1,7 @@
 """The sglang-omni contract: every route and answer shape omnigate's `sglang-omni` kind relies on, checked
 against sglang-omni 0.1.9's own HTTP app (its real `create_app` and `Client`, a stand-in coordinator) and
-against the simulator's later release. A difference between the two fails here before it reaches the adapter."""
+against the simulator's later release. A difference between the two fails here before it reaches the
+adapter."""
 
 from __future__ import annotations
 
@@ -119,9 +120,12 @@ def test_whole_speech_is_audio_with_its_token_headers(omni: Omni) -> None:
 
 def test_a_pcm_stream_is_raw_samples_and_its_usage_comes_from_the_outcome_route(omni: Omni) -> None:
     with httpx.stream(
-        "POST", omni.url + "/v1/audio/speech", json=speech("Hello there.", stream=True, response_format="pcm"),
-        trust_env=False, timeout=30.0,
-    ) as reply:  # fmt: skip
+        "POST",
+        omni.url + "/v1/audio/speech",
+        json=speech("Hello there.", stream=True, response_format="pcm"),
+        trust_env=False,
+        timeout=30.0,
+    ) as reply:
         assert reply.status_code == 200
         assert {k: reply.headers[k] for k in PCM_HEADERS} == PCM_HEADERS
         assert "content-length" not in reply.headers
@@ -158,11 +162,14 @@ def test_an_sse_speech_stream_sends_audio_delta_events_then_done_with_usage(omni
         (speech("Hi", stream=True), "stream=true requires response_format='pcm'", "response_format"),
         (speech("   "), "input must be a non-empty string", "input"),
         (speech("Hi", speed=5), "speed must be between 0.25 and 4.0", "speed"),
-        (speech("Hi", response_format="ogg"), "response_format must be one of: aac, flac, mp3, opus, pcm, wav",
-         "response_format"),
+        (
+            speech("Hi", response_format="ogg"),
+            "response_format must be one of: aac, flac, mp3, opus, pcm, wav",
+            "response_format",
+        ),
         ({"model": MODEL}, "input: Field required", None),
     ],
-)  # fmt: skip
+)
 def test_a_bad_speech_request_is_a_400_in_openais_envelope(
     omni: Omni, body: dict[str, Any], message: str, param: str | None
 ) -> None:
@@ -199,9 +206,9 @@ def test_a_whole_chat_refused_before_output_is_the_status_in_detail(
 
 
 @pytest.mark.parametrize(
-    ("shape", "status", "tokens"), [("overload", 503, False), ("overload-mid", 503, True), ("fail", 500, False),
-                                    ("fail-mid", 500, True)]
-)  # fmt: skip
+    ("shape", "status", "tokens"),
+    [("overload", 503, False), ("overload-mid", 503, True), ("fail", 500, False), ("fail-mid", 500, True)],
+)
 def test_a_streamed_chat_failure_is_an_error_event_with_its_status_inside_a_200(
     omni: Omni, shape: str, status: int, tokens: bool
 ) -> None:
@@ -235,16 +242,20 @@ def test_speech_refused_before_its_first_audio_is_a_json_error(
 @pytest.mark.parametrize("shape", ["overload-mid", "fail-mid"])
 def test_a_started_pcm_stream_that_fails_drops_the_connection(omni: Omni, shape: str) -> None:
     received = b""
-    with omni.shape(shape) as mark:
-        with pytest.raises(httpx.RemoteProtocolError):  # noqa: PT012 - the drop comes while reading
-            with httpx.stream(
-                "POST", omni.url + "/v1/audio/speech",
-                json=speech("Hello there, a longer answer." + mark, stream=True, response_format="pcm"),
-                trust_env=False, timeout=30.0,
-            ) as reply:  # fmt: skip
-                assert reply.status_code == 200
-                for piece in reply.iter_raw():
-                    received += piece
+    with (
+        omni.shape(shape) as mark,
+        pytest.raises(httpx.RemoteProtocolError),
+        httpx.stream(
+            "POST",
+            omni.url + "/v1/audio/speech",
+            json=speech("Hello there, a longer answer." + mark, stream=True, response_format="pcm"),
+            trust_env=False,
+            timeout=30.0,
+        ) as reply,
+    ):
+        assert reply.status_code == 200
+        for piece in reply.iter_raw():
+            received += piece
     assert received  # some audio came before the drop
 
 

@@ -163,6 +163,26 @@ class BackendKind(abc.ABC):
     def judge(self, error: UpstreamError, backend: BackendState) -> Verdict:
         """What an upstream failure (before or during the relay) on `backend` means for this server."""
 
+    def judge_event(self, error: dict[str, Any], backend: BackendState) -> Verdict:
+        """What an error event inside a started 200 stream means (nothing can be retried: bytes reached the
+        client): by its `code`, overload (429/503) is the backend's load, another 4xx the request's own,
+        anything else the backend's failure."""
+        code = error.get("code")
+        status = code if isinstance(code, int) and 400 <= code < 600 else 502
+        message = str(error.get("message") or "The backend reported an error mid-stream.")
+        api = ApiError(status, message, code=ErrorCode.UPSTREAM_ERROR)
+        if status in (429, 503):
+            return Verdict(api, retry=False, backend_fault=False, overloaded=True, client_fault=False)
+        client = status < 500
+        return Verdict(api, retry=False, backend_fault=not client, overloaded=False, client_fault=client)
+
+    async def stream_usage(
+        self, session: aiohttp.ClientSession, state: BackendState, headers: Mapping[str, str]
+    ) -> tuple[int, int] | None:
+        """(prompt, completion) tokens of a finished raw-audio stream, which carries no usage in its body;
+        None where the server does not tell it."""
+        return None
+
     @abc.abstractmethod
     def runs_on(self, ticket: Ticket) -> bool:
         """Whether the server goes on running this request after the gateway closes its connection (a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -11,6 +12,7 @@ from gateway.errors import ApiError, ErrorCode
 PASSED_THROUGH = frozenset({400, 404, 409, 413, 422, 429})
 """Statuses the client can act on, passed as they are; 503 stays 503, anything else becomes 502."""
 _REQUEST_PARTS = ("body", "query", "header", "path")  # FastAPI's first `loc` element: where, not what
+_FIELD_FIRST = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+)*): ")
 
 
 def _where(loc: Any) -> str | None:
@@ -22,6 +24,13 @@ def _where(loc: Any) -> str | None:
     for p in parts:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
     return out or None
+
+
+def _field_of(message: Any) -> str | None:
+    """The field a pydantic message names at its front (`input: Field required`, as sglang-omni's speech
+    errors give it without a param)."""
+    found = _FIELD_FIRST.match(message) if isinstance(message, str) else None
+    return found.group(1) if found else None
 
 
 def _validation(errors: list[Any]) -> tuple[str | None, str | None]:
@@ -51,6 +60,8 @@ def upstream_error(status: int, raw: bytes) -> ApiError:
         message = inner.get("message")
         code = inner.get("code")
         err_type = inner.get("type")
+        named = inner.get("param")
+        param = named if isinstance(named, str) and named else _field_of(message)
         detail = inner.get("detail")
         if not message and isinstance(detail, list):
             message, param = _validation(detail)

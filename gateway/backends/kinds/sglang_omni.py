@@ -12,17 +12,24 @@ Shaping: the snapshot reads media only from the top-level `images` / `videos` / 
 `json.dumps` OpenAI content parts into the prompt), so media parts move there (`shapes.py`); later servers
 read both shapes. `priority` is dropped: the server has none.
 
+Failures (0.1.9, `version: later`): a full queue is 503 `The request queue is full.` before the answer, and
+inside a started stream an error event carrying it (code 503 on chat, none on speech SSE: the message tells
+it); a started PCM speech stream that fails just drops. The first is retried elsewhere, the second is the
+server's overload (never the client's fault), a drop is the server's failure. A raw PCM stream carries no
+usage: it is read afterwards from `GET /v1/audio/speech/{x-sglang-omni-speech-id}`.
+
 Load signals: the coordinator's snapshot in the `/health` JSON every tick — `total_requests` (every request
 the pipeline still runs, all clients, also those whose client left) and `pending_completions` (those a
 handler still waits for) — and the stages it lists. `/metrics` (`--enable-metrics`, `sglang_omni_*`) carries
 the same snapshot; it is read only when a /health body lacks the counts. The server has no KV and no queue
-signal: admission runs on its own accounting there, and `/admin/state` says so.
+signal: admission runs on its own accounting there, and `/admin/state` says so. Newer servers run a stage as
+replicas named `stage@rN` (`pipeline/replicas.py`): a stage's cap counts once per replica.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -60,6 +67,10 @@ log = logging.getLogger("omnigate.backends")
 
 ENCODER, THINKER, TALKER, CODE2WAV = "encoder", "thinker", "talker", "code2wav"
 TALKER_STAGE = "talker_ar"  # the server's name of the talker stage in /health `stages`
+THINKER_STAGE = "thinker"
+REPLICA_SEPARATOR = "@r"  # `pipeline/replicas.py`: replica N of stage S is listed as `S@rN`
+QUEUE_FULL = "The request queue is full."  # `QueueFullError.MESSAGE`, whatever status carries it
+SPEECH_ID = "x-sglang-omni-speech-id"  # a PCM stream's id for GET /v1/audio/speech/{id}
 CUT = (CutAfterHeaders, BrokenMidStream, TruncatedStream)
 """How a stream whose request fails ends on sglang-omni: its handler has sent the 200 before the pipeline
 runs, and a failure then closes the connection — no error event, no [DONE]."""
@@ -87,7 +98,7 @@ class SGLangOmni(BackendKind):
         self.thinker_cap = server.thinker_max_running_requests or thinker
         self.talker_cap = server.talker_max_running_requests or talker
         self.every_request_speaks = server.version == "snapshot"
-        self.aborts_streams = server.version == "later"
+        self.aborts = server.version == "later"  # 0.1.9 aborts whatever its client leaves, whole or streamed
         self.lists_only = server.version == "snapshot"  # OpenAI content parts became prompt text there
         self._stages: dict[str, tuple[str, ...]] = {}  # url → the stages its /health lists
         self._no_metrics: set[str] = set()  # backends without /metrics, until they are down once
@@ -149,6 +160,8 @@ class SGLangOmni(BackendKind):
     def judge(self, error: UpstreamError, backend: BackendState) -> Verdict:
         if isinstance(error, UpstreamStatusError):
             return self._answered(error, backend)
+        if isinstance(error, CUT) and self.aborts:  # 0.1.9 tells failures in-band: a drop is the server's
+            return exchange_failed(error)
         if isinstance(error, CUT) and backend.healthy:
             return _own_failure(
                 ApiError(
@@ -178,10 +191,39 @@ class SGLangOmni(BackendKind):
             mapped, retry=status in RETRYABLE_STATUS, backend_fault=True, overloaded=False, client_fault=False
         )
 
+    def judge_event(self, error: dict[str, Any], backend: BackendState) -> Verdict:
+        """A full queue is told by its message too: a speech SSE error event carries no status code."""
+        verdict = super().judge_event(error, backend)
+        if verdict.overloaded or not str(error.get("message") or "").startswith(QUEUE_FULL):
+            return verdict
+        api = ApiError(503, QUEUE_FULL, code=ErrorCode.UPSTREAM_ERROR)
+        return Verdict(api, retry=False, backend_fault=False, overloaded=True, client_fault=False)
+
+    async def stream_usage(
+        self, session: aiohttp.ClientSession, state: BackendState, headers: Mapping[str, str]
+    ) -> tuple[int, int] | None:
+        """A finished PCM stream's usage from `GET /v1/audio/speech/{id}` (0.1.9's outcome route)."""
+        speech_id = headers.get(SPEECH_ID)
+        if not speech_id:
+            return None
+        try:
+            async with session.get(f"{state.url}/v1/audio/speech/{speech_id}", timeout=PROBE_TIMEOUT) as resp:
+                if resp.status != 200:
+                    return None
+                outcome = orjson.loads(await resp.read())
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as e:
+            log.debug("speech outcome of %s on %s not read: %s", speech_id, state.name, e)
+            return None
+        usage = outcome.get("usage") if isinstance(outcome, dict) else None
+        if not isinstance(usage, dict):
+            return None
+        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
     def runs_on(self, ticket: Ticket) -> bool:
         """The snapshot never aborts a request whose client left (`Coordinator.stream` and `submit` never call
-        `abort()`); later servers abort a stream (its `finally`), never a whole answer."""
-        return not (self.aborts_streams and ticket.stream)
+        `abort()`); 0.1.9 aborts every one (streams in `Coordinator.stream`'s `finally`, whole chat in
+        `complete_unless_disconnected`, whole speech in `await_speech_response`)."""
+        return not self.aborts
 
     def ends_with_text(self, ticket: Ticket) -> bool:
         return TALKER not in self.stages_of(ticket)
@@ -189,16 +231,28 @@ class SGLangOmni(BackendKind):
     def speaks(self, state: BackendState) -> bool:
         """The backend runs the speech pipeline (assumed until its /health lists its stages)."""
         stages = self._stages.get(state.url)
-        return stages is None or TALKER_STAGE in stages
+        return stages is None or self.replicas(state, TALKER_STAGE) > 0
+
+    def replicas(self, state: BackendState, stage: str) -> int:
+        """How many processes run `stage` on the backend: its `stage@rN` replicas, 1 for a plain name (and
+        while its stages are unknown)."""
+        stages = self._stages.get(state.url)
+        if stages is None:
+            return 1
+        return sum(1 for s in stages if s.split(REPLICA_SEPARATOR, 1)[0] == stage)
 
     def capacity(self, state: BackendState) -> Capacity:
         s = self.server
         stages = [
             Stage(ENCODER, StageUnit.ITEMS_PER_BATCH, s.encoder_max_batch_size),
-            Stage(THINKER, StageUnit.REQUESTS, self.thinker_cap),
+            Stage(
+                THINKER, StageUnit.REQUESTS, self.thinker_cap * max(1, self.replicas(state, THINKER_STAGE))
+            ),
         ]
         if self.speaks(state):
-            stages.append(Stage(TALKER, StageUnit.REQUESTS, self.talker_cap))
+            stages.append(
+                Stage(TALKER, StageUnit.REQUESTS, self.talker_cap * self.replicas(state, TALKER_STAGE))
+            )
             stages.append(Stage(CODE2WAV, StageUnit.AUDIO_SECONDS_PER_S, s.code2wav_audio_seconds_per_s))
         return Capacity(tuple(stages))
 
