@@ -92,6 +92,7 @@ class LiveState:
                     queued=b.queue_reqs,
                     missing_signals=pool.kind.missing_signals(b),
                     held=pool.holds.count(b.url),
+                    audio={"gateway": b.audio.snapshot(), "server": b.server_audio},
                     stages=[
                         {"stage": s.name, "unit": s.unit, "limit": s.limit}
                         for s in pool.kind.capacity(b).stages

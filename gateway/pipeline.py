@@ -236,6 +236,9 @@ class CompletionEndpoint:
             )
         left = ticket.outcome in (Outcome.PENDING, Outcome.TIMEOUT)
         ended = Outcome.OVERLOADED if ticket.backend_overloaded else ticket.outcome  # a drop for the limit
+        if ticket.first_audio_at is not None and ticket.dispatched_at is not None:
+            audio = ticket.first_audio_at - ticket.dispatched_at, ticket.audio_seconds, ticket.rtf
+            lease.backend.audio.add(*audio)
         self._end(lease, deadlines, left, ticket.usage, ended, ttft, tpot)
 
     def _end(

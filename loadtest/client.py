@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from gateway.speech.events import read_json, speech_seconds
+from gateway.speech.pcm import PcmFormat
 from loadtest.http import HttpError, HttpPool, Response
 from loadtest.records import GATEWAY_HEADERS, RequestRecord
 
@@ -76,6 +77,15 @@ async def _read_stream(resp: Response, rec: RequestRecord, t_sent: float) -> Non
         rec.e2e = time.perf_counter() - t_sent
         return
     media_type = resp.headers.get("content-type", "")
+    pcm = PcmFormat.of(resp.headers) if media_type == "audio/pcm" else None
+    if pcm is not None and resp.headers.get("content-length") is None:  # streamed raw PCM, timed per chunk
+        async for piece in resp.iter_bytes():
+            now = time.perf_counter() - t_sent
+            rec.audio.append((now, pcm.seconds(len(piece))))
+            if rec.ttfa is None:
+                rec.ttfa = rec.ttft = now
+        rec.e2e = time.perf_counter() - t_sent
+        return
     if media_type.startswith("audio/"):  # a whole speech answer: its tokens in the headers
         body = await resp.read()
         rec.ttft = rec.ttfa = rec.e2e = time.perf_counter() - t_sent

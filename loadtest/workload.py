@@ -379,6 +379,10 @@ class RequestFactory:
         if bucket == "speech":
             text = self.text(w.prompt_tokens.sample(rng))
             body = {"model": w.model, "input": text, "voice": w.voice, "stream": w.stream}
+            if (
+                w.stream
+            ):  # the only streamed form sglang-omni 0.1.9 takes (raw PCM); the snapshot reads it too
+                body["response_format"] = "pcm"
             body.update(spec.extra_body if spec is not None else {})
             path = SPEECH_PATH
         headers: dict[str, str] = {}

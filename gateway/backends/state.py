@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.backends.circuit import Breaker, CircuitState
 from gateway.backends.progress import EngineProgress
+from gateway.speech.tally import AudioTally
 
 
 @dataclass(slots=True)
@@ -39,6 +40,8 @@ class _Fields:
     running_reqs: int | None = None
     queue_reqs: int | None = None
     detached_reqs: int | None = None  # requests it runs for which no client waits any more (sglang-omni)
+    server_audio: dict[str, float] | None = None  # the server's own audio metrics (sglang-omni's, newer)
+    audio: AudioTally = field(default_factory=AudioTally)  # its answers' audio as the gateway measured it
     last_scrape: float = 0.0
     progress: EngineProgress = field(default_factory=EngineProgress)  # its predicted work (the ledger's)
 

@@ -102,6 +102,7 @@ class SGLangOmni(BackendKind):
         self.lists_only = server.version == "snapshot"  # OpenAI content parts became prompt text there
         self._stages: dict[str, tuple[str, ...]] = {}  # url → the stages its /health lists
         self._no_metrics: set[str] = set()  # backends without /metrics, until they are down once
+        self._no_audio: set[str] = set()  # backends whose /metrics has no audio histograms
 
     def payload(self, body: dict[str, Any], engine_priority: int) -> bytes:
         body.pop("priority", None)  # the server has no priority; the gateway's order is the only one
@@ -115,8 +116,11 @@ class SGLangOmni(BackendKind):
         healthy, raw = await get_health(session, state.url)
         if not healthy:
             self._no_metrics.discard(state.url)  # a server that comes back may have been restarted
+            self._no_audio.discard(state.url)
             return False
-        if not self._read_health(state, raw) and state.url not in self._no_metrics:
+        counted = self._read_health(state, raw)
+        wanted = not counted or state.url not in self._no_audio  # the counts, or the server's audio view
+        if wanted and state.url not in self._no_metrics:
             try:
                 await self._scrape(session, state, clock)
             except (aiohttp.ClientError, TimeoutError) as e:
@@ -154,6 +158,9 @@ class SGLangOmni(BackendKind):
             return
         if gauges.stages:
             self._stages[state.url] = gauges.stages
+        if gauges.audio is None:
+            self._no_audio.add(state.url)
+        state.server_audio = gauges.audio
         if _apply_counts(state, gauges.tracked, gauges.pending):
             state.last_scrape = clock()
 

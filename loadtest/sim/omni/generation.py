@@ -24,6 +24,7 @@ from starlette.responses import Response, StreamingResponse
 
 from loadtest.sim.faults import FaultInjector
 from loadtest.sim.omni import audio, speech_api
+from loadtest.sim.omni.metrics import OmniMetrics
 from loadtest.sim.omni.pipeline import Event, Job, SubmitRefused, answer_tokens
 from loadtest.sim.omni.profile import OmniProfile
 from loadtest.sim.omni.prompt import OmniCounter, OmniInputError, OmniPrompt
@@ -85,6 +86,7 @@ class Generator:
         self.counter = OmniCounter(profile, behaviour.content_parts)
         self.rng = random.Random(seed)
         self.outcomes = speech_api.Outcomes()
+        self.metrics: OmniMetrics | None = None  # the server's audio histograms, with --enable-metrics
 
     # -- building jobs --------------------------------------------------------------------------------
     def _job(
@@ -463,8 +465,12 @@ class Generator:
                 if event.kind == "audio" and event.value:
                     yield audio.encode(event.value, "pcm", rate, req.speed)[0]
                     sent += 1
+        engine_s = self._engine_time(job)
         if record:
-            self.outcomes.record(job.rid, usage(job.prompt.total, job.thinker_tokens, self._engine_time(job)))
+            self.outcomes.record(job.rid, usage(job.prompt.total, job.thinker_tokens, engine_s))
+        if self.metrics is not None and job.first_audio_at is not None:
+            seconds = job.audio_samples / self.profile.speech.sample_rate
+            self.metrics.observe_audio(job.first_audio_at - job.arrival, engine_s, seconds)
 
     async def _speech_sse(
         self, job: Job, events: AsyncGenerator[Event, None], first: bytes, req: CreateSpeechRequest

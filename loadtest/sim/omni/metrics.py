@@ -1,5 +1,8 @@
 """sglang-omni's opt-in Prometheus text (`--enable-metrics`, `serve/metrics.py`, PR #948): the coordinator's
-/health snapshot as `sglang_omni_*` gauges plus HTTP request counters and handler durations.
+/health snapshot as `sglang_omni_*` gauges plus HTTP request counters and handler durations; and, as newer
+servers export them (`metrics/audio.py`), the audio histograms of the later release's PCM speech streams
+(`sglang_omni:audio_ttfp_s`, `audio_rtf` = engine time ÷ audio seconds, `audio_duration_s`; sums and
+counts, one +Inf bucket).
 
 Rendered in that module's own format (sorted labels, "1.0"-style values), not by prometheus_client. Handler
 durations are virtual seconds, like every time the simulator reports; the simulator's private routes
@@ -68,6 +71,17 @@ class OmniMetrics:
         self.count: defaultdict[tuple[str, str], float] = defaultdict(float)
         self.total: defaultdict[tuple[str, str], float] = defaultdict(float)
         self.buckets: defaultdict[tuple[str, str, float], float] = defaultdict(float)
+        self.audio: dict[str, list[float]] = {}  # histogram → [sum, count]
+
+    def observe_audio(self, ttfp_s: float, engine_s: float, audio_s: float) -> None:
+        """One finished speech stream, in the server's terms (virtual seconds)."""
+        observed = {"sglang_omni:audio_ttfp_s": ttfp_s, "sglang_omni:audio_duration_s": audio_s}
+        if audio_s > 0:
+            observed["sglang_omni:audio_rtf"] = engine_s / audio_s
+        for name, value in observed.items():
+            total = self.audio.setdefault(name, [0.0, 0.0])
+            total[0] += value
+            total[1] += 1
 
     def _set(self, name: str, value: float, **extra: str) -> None:
         labels = {"model_name": self.model, **extra}
@@ -120,6 +134,9 @@ class OmniMetrics:
             lines.append(_sample(f"{name}_bucket", {**base, "le": "+Inf"}, self.count[(method, route)]))
             lines.append(_sample(f"{name}_count", base, self.count[(method, route)]))
             lines.append(_sample(f"{name}_sum", base, self.total[(method, route)]))
+        for name, (total, count) in sorted(self.audio.items()):
+            lines += [f"# TYPE {name} histogram", _sample(f"{name}_bucket", {"le": "+Inf"}, count)]
+            lines += [_sample(f"{name}_count", {}, count), _sample(f"{name}_sum", {}, total)]
         return ("\n".join(lines) + "\n").encode("utf-8")
 
 

@@ -57,6 +57,7 @@ class OmniBackend:
         self.clock = VirtualClock(self.config.time_scale)
         self.runner = PipelineRunner(self.pipeline, self.clock)
         self.generator = self._generator()
+        self.generator.metrics = self.metrics
         self.runner.start()
         try:
             yield
