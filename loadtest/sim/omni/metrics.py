@@ -43,6 +43,7 @@ DURATION = (
     "represent full end-to-end stream duration.",
 )
 
+AUDIO = ("sglang_omni:audio_ttfp_s", "sglang_omni:audio_rtf", "sglang_omni:audio_duration_s")
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -71,15 +72,17 @@ class OmniMetrics:
         self.count: defaultdict[tuple[str, str], float] = defaultdict(float)
         self.total: defaultdict[tuple[str, str], float] = defaultdict(float)
         self.buckets: defaultdict[tuple[str, str, float], float] = defaultdict(float)
-        self.audio: dict[str, list[float]] = {}  # histogram → [sum, count]
+        # histogram → [sum, count]; exported from the start, as prometheus_client's unlabelled histograms are
+        self.audio: dict[str, list[float]] = {name: [0.0, 0.0] for name in AUDIO}
 
     def observe_audio(self, ttfp_s: float, engine_s: float, audio_s: float) -> None:
         """One finished speech stream, in the server's terms (virtual seconds)."""
-        observed = {"sglang_omni:audio_ttfp_s": ttfp_s, "sglang_omni:audio_duration_s": audio_s}
+        ttfp, rtf, duration = AUDIO
+        observed = {ttfp: ttfp_s, duration: audio_s}
         if audio_s > 0:
-            observed["sglang_omni:audio_rtf"] = engine_s / audio_s
+            observed[rtf] = engine_s / audio_s
         for name, value in observed.items():
-            total = self.audio.setdefault(name, [0.0, 0.0])
+            total = self.audio[name]
             total[0] += value
             total[1] += 1
 
