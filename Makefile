@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench validate-seed clean system-deps
+.PHONY: demo test test-fast test-omni lint bench validate-seed clean system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,7 +20,13 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 test: $(STAMP) system-deps
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --ignore=tests/omni_real
+
+# sglang-omni 0.1.9's own HTTP app (tests/omni_real/): its venv (the wheel and what its HTTP layer imports) is
+# prepared once under $${OMNIGATE_ENGINE_CACHE:-~/.cache/omnigate}/sglang-omni-0.1.9, then reused.
+test-omni: $(STAMP)
+	$(BIN)/python -m tests.omni_real.realapp
+	$(BIN)/python -m pytest tests/omni_real
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m unit

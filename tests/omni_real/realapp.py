@@ -115,3 +115,7 @@ def aborted(url: str) -> list[str]:
     ids = reply.json()["aborted"]
     assert isinstance(ids, list)
     return [str(i) for i in ids]
+
+
+if __name__ == "__main__":  # `make test-omni`: prepare the venv before the tests (idempotent)
+    print(prepare_venv())
