@@ -6,7 +6,6 @@ final summary line is printed, Ctrl-C and the duration both stop every child pro
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -343,12 +342,17 @@ def test_ctrl_c_stops_an_unbounded_demo_that_openai_clients_used() -> None:
         )
         assert reply.usage is not None and 1 <= reply.usage.completion_tokens <= 8
         assert reply.choices[0].message.content
-        with client.audio.speech.with_streaming_response.create(  # the speech pool, streamed as SSE
-            model="qwen3-omni", voice="default", input="Hello from the demo.", extra_body={"stream": True}
+        with client.audio.speech.with_streaming_response.create(  # the speech pool (0.1.9), streamed as PCM
+            model="qwen3-omni",
+            voice="default",
+            input="Hello from the demo.",
+            response_format="pcm",
+            extra_body={"stream": True},
         ) as spoken:
-            events = [json.loads(line[6:]) for line in spoken.iter_lines() if line.startswith("data: {")]
-        assert events[0]["object"] == "audio.speech.chunk" and events[0]["audio"]["data"]
-        assert events[-1]["finish_reason"] == "stop"
+            assert spoken.headers["content-type"] == "audio/pcm"
+            assert spoken.headers["x-sample-rate"] == "24000"
+            pcm = spoken.read()
+        assert pcm and len(pcm) % 2 == 0
         stranger = OpenAI(base_url=base_url.group(1), api_key="not-a-demo-key", max_retries=0, timeout=30)
         with pytest.raises(AuthenticationError):
             stranger.chat.completions.create(
