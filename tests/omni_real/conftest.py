@@ -25,10 +25,17 @@ SHAPES: dict[str, tuple[str, dict[str, object]]] = {
     ),
     "fail": ("[fail]", {"error_rate": 1.0, "error_status": 500}),
     "fail-mid": ("[fail-mid]", {"disconnect_rate": 1.0, "disconnect_after_tokens": 2, "error_status": 500}),
-    "slow": ("[slow]", {}),
+    "slow": ("[slow]", {"stall_rate": 1.0, "stall_s": 200.0}),  # a chat stream pauses after its first chunk
 }
 LONG_ANSWER = " Please read this out slowly." * 60  # the simulator's slow shape: a long speech
-NO_FAULTS = {"error_rate": 0.0, "disconnect_rate": 0.0, "error_status": 500, "health_failing": False}
+NO_FAULTS = {
+    "error_rate": 0.0,
+    "disconnect_rate": 0.0,
+    "error_status": 500,
+    "health_failing": False,
+    "stall_rate": 0.0,
+    "stall_s": 0.0,
+}
 
 
 @dataclass
