@@ -65,6 +65,7 @@ UNREACHED = {
     "omnigate_circuit_transitions": "no circuit opens here (tests/gateway/test_circuit_e2e.py opens one)",
     "omnigate_edge_refusals": "no connection is refused at the edge (tests/gateway/test_edge_e2e.py)",
     "omnigate_ttfa_seconds": "no answer speaks here (tests/gateway/test_speech_e2e.py measures speech)",
+    "omnigate_backend_overloads": "no backend is full here (tests/omni_real/test_gateway.py fills one)",
     "omnigate_speech_rtf": "no answer speaks here (tests/gateway/test_speech_e2e.py measures speech)",
     "omnigate_audio_seconds": "no answer speaks here (tests/gateway/test_speech_e2e.py measures speech)",
     "omnigate_speech_stalls": "no answer speaks here (tests/speech/ counts stalls)",
