@@ -36,8 +36,10 @@ from gateway.proxy import (
 )
 from gateway.speech.events import SPEECH_FORMAT_HEADERS, SPEECH_HEADERS, read_json, speech_seconds
 from gateway.sse import SSERelay, error_event, whole_answer_tokens
+from gateway.stream_end import ended_usage, read_to_usage, reported_usage
 from gateway.tenants.charge import infer, left_waiting
 from gateway.ticket import Outcome, Ticket, Usage
+from gateway.upstream import Response
 
 if TYPE_CHECKING:
     from gateway.admission.scheduler import Lease
@@ -274,7 +276,9 @@ class CompletionEndpoint:
                 lease = await scheduler.acquire(ticket, exclude=exclude, requeued=requeued)
             backend = lease.backend
             owner = self.gw.pools[backend.pool]  # differs from `pool` when an idle backend is lent
+            ticket.engine_rid = owner.kind.name_request(body, ticket)
             payload = owner.kind.payload(body, lease.engine_priority)
+            kept: list[Response] = []  # a stream's response its client left before the first byte
             ticket.backend = backend.name
             ticket.dispatched_at = self.gw.clock()
             ticket.reached_engine = False  # until its body is out (open_upstream's `sent`): then charged
@@ -296,6 +300,7 @@ class CompletionEndpoint:
                         deadlines,
                         stream=ticket.stream,
                         sent=functools.partial(self._sent, ticket, backend),
+                        keep=kept.append if ticket.engine_rid is not None else None,
                     )
             except UpstreamError as e:
                 if isinstance(e, (UpstreamConnectError, UpstreamStatusError)):
@@ -331,6 +336,8 @@ class CompletionEndpoint:
                 raise verdict.error from None
             except BaseException as e:
                 if isinstance(e, asyncio.CancelledError):  # the client left before the first byte
+                    if kept:
+                        await self._end_unopened(ticket, owner, backend, kept[0])
                     delay = owner.config.abort_delay_s
                     left_waiting(ticket, backend.progress, self.gw.clock(), owner.kind.runs_on(ticket), delay)
                 owner.record_no_verdict(backend, ticket.dispatched_at)
@@ -361,6 +368,19 @@ class CompletionEndpoint:
         ticket.reached_engine = True
         now = self.gw.clock()
         backend.progress.sent(ticket, now, self.gw.schedulers[backend.pool].rate.nominal(now))
+
+    async def _end_unopened(
+        self, ticket: Ticket, owner: Pool, backend: BackendState, response: Response
+    ) -> None:
+        """The client left a stream before its first byte: end it on the engine and charge the usage it
+        closes with (nothing for a request the engine dropped from its queue); none in time: the guess."""
+        relay = SSERelay(False)
+        try:
+            await read_to_usage(owner, backend.url, ticket.engine_rid or "", response, relay, self.gw.clock)
+        finally:
+            response.close()
+        if relay.usage is not None:
+            ticket.usage = ended_usage(relay.usage)
 
     def _failed(self, ticket: Ticket, pool: Pool, lease: Lease, e: UpstreamError) -> ApiError:
         """A relay that ended without its answer: the outcome and the circuit as the backend's kind judges
@@ -471,6 +491,12 @@ class CompletionEndpoint:
             cut = self._failed(ticket, pool, lease, e)
             await ex.finish(relay.flush() + error_event(cut.message, cut.status))
         finally:
+            owner = self.gw.pools[lease.backend.pool]
+            left = ex.disconnected or ticket.outcome == Outcome.TIMEOUT
+            if left and relay.usage is None and not relay.done and ticket.engine_rid is not None:
+                await read_to_usage(
+                    owner, lease.backend.url, ticket.engine_rid, upstream.response, relay, clock
+                )
             ticket.first_token_at = relay.first_token_at
             ticket.last_token_at = relay.last_token_at
             meter = relay.audio
@@ -478,16 +504,6 @@ class CompletionEndpoint:
             ticket.rtf, ticket.audio_stalls = meter.rtf, meter.stalls
             ticket.finished_at = self.gw.clock()
             if relay.usage is not None:
-                ticket.usage = Usage(
-                    int(relay.usage.get("prompt_tokens") or 0), int(relay.usage.get("completion_tokens") or 0)
-                )
-            else:  # cut short, or a backend that never sends usage: charge what was relayed
-                answer = relay.answer_tokens()
-                if ticket.outcome == Outcome.PENDING and relay.last_token_at is not None:
-                    # the client left: and what the engine decoded after the last token relayed until it
-                    # stopped the request, within its max_tokens
-                    stop = ticket.finished_at + self.gw.pools[lease.backend.pool].config.abort_delay_s
-                    decoded = answer + progress.decoded(relay.last_token_at, stop)
-                    cap = ticket.cost.max_output_tokens or decoded
-                    answer = max(answer, min(decoded, cap))
-                infer(ticket, answer)
+                ticket.usage = reported_usage(relay.usage)
+            else:  # cut short, or the engine did not say in time: what was relayed, no more
+                infer(ticket, relay.answer_tokens())

@@ -227,11 +227,13 @@ async def open_upstream(
     *,
     stream: bool,
     sent: Callable[[], None] | None = None,
+    keep: Callable[[Response], None] | None = None,
 ) -> OpenUpstream:
     """POST and wait for the first body bytes (streaming) or the whole body (non-streaming). `sent` is
     called once the request's body is written to the backend's connection: from then the engine has the
     request, and runs its prefill even if the gateway hangs up at once (a server notices a closed
-    connection only when it next writes or polls)."""
+    connection only when it next writes or polls). Cancelled once the response's headers came, the
+    response goes to `keep`, open, instead of being closed: the caller ends the request and reads on."""
     start = time.monotonic()
     deadline = start + deadlines.total
     wait = min(deadlines.first_byte, deadlines.total) if stream else deadlines.total
@@ -264,6 +266,12 @@ async def open_upstream(
         _close(response)
         late = FirstByteTimeout if stream else TotalTimeout
         raise late(f"Backend did not answer within {wait:g} s.") from None
+    except asyncio.CancelledError:
+        if keep is not None and response is not None and response.status == 200:
+            keep(response)
+        else:
+            _close(response)
+        raise
     except BaseException:
         _close(response)
         raise
