@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -110,6 +111,18 @@ def _pace(backend: BackendState, ticket: Ticket) -> None:
     elif tokens and ticket.prefill is not None and ticket.finished_at is not None:
         prefilled = ticket.prefill.at + ticket.prefill.seconds
         backend.progress.answered((ticket.finished_at - prefilled) / tokens)
+
+
+Kept = list[tuple["asyncio.Future[Response]", Callable[[], None]]]
+
+
+def _keeper(into: Kept) -> Callable[[asyncio.Future[Response], Callable[[], None]], None]:
+    """Where open_upstream hands an exchange its client left: the request is ended and read on."""
+
+    def keep(pending: asyncio.Future[Response], drop: Callable[[], None]) -> None:
+        into.append((pending, drop))
+
+    return keep
 
 
 def _int(value: str | None) -> int:
@@ -278,7 +291,7 @@ class CompletionEndpoint:
             owner = self.gw.pools[backend.pool]  # differs from `pool` when an idle backend is lent
             ticket.engine_rid = owner.kind.name_request(body, ticket)
             payload = owner.kind.payload(body, lease.engine_priority)
-            kept: list[Response] = []  # a stream's response its client left before the first byte
+            kept: Kept = []  # the exchange, if its client left before the first byte
             ticket.backend = backend.name
             ticket.dispatched_at = self.gw.clock()
             ticket.reached_engine = False  # until its body is out (open_upstream's `sent`): then charged
@@ -300,7 +313,7 @@ class CompletionEndpoint:
                         deadlines,
                         stream=ticket.stream,
                         sent=functools.partial(self._sent, ticket, backend),
-                        keep=kept.append if ticket.engine_rid is not None else None,
+                        keep=_keeper(kept) if ticket.engine_rid is not None else None,
                     )
             except UpstreamError as e:
                 if isinstance(e, (UpstreamConnectError, UpstreamStatusError)):
@@ -337,7 +350,7 @@ class CompletionEndpoint:
             except BaseException as e:
                 if isinstance(e, asyncio.CancelledError):  # the client left before the first byte
                     if kept:
-                        await self._end_unopened(ticket, owner, backend, kept[0])
+                        await self._end_unopened(ticket, owner, backend, *kept[0])
                     delay = owner.config.abort_delay_s
                     left_waiting(ticket, backend.progress, self.gw.clock(), owner.kind.runs_on(ticket), delay)
                 owner.record_no_verdict(backend, ticket.dispatched_at)
@@ -370,15 +383,21 @@ class CompletionEndpoint:
         backend.progress.sent(ticket, now, self.gw.schedulers[backend.pool].rate.nominal(now))
 
     async def _end_unopened(
-        self, ticket: Ticket, owner: Pool, backend: BackendState, response: Response
+        self,
+        ticket: Ticket,
+        owner: Pool,
+        backend: BackendState,
+        pending: asyncio.Future[Response],
+        drop: Callable[[], None],
     ) -> None:
-        """The client left a stream before its first byte: end it on the engine and charge the usage it
-        closes with (nothing for a request the engine dropped from its queue); none in time: the guess."""
+        """The client left before the answer's first byte: end the request on the engine and charge the
+        usage it closes with (nothing for one the engine dropped from its queue); none in time: the guess."""
         relay = SSERelay(False)
         try:
-            await read_to_usage(owner, backend.url, ticket.engine_rid or "", response, relay, self.gw.clock)
+            rid, whole = ticket.engine_rid or "", not ticket.stream
+            await read_to_usage(owner, backend.url, rid, pending, relay, self.gw.clock, whole)
         finally:
-            response.close()
+            drop()
         if relay.usage is not None:
             ticket.usage = ended_usage(relay.usage)
 
@@ -494,9 +513,9 @@ class CompletionEndpoint:
             owner = self.gw.pools[lease.backend.pool]
             left = ex.disconnected or ticket.outcome == Outcome.TIMEOUT
             if left and relay.usage is None and not relay.done and ticket.engine_rid is not None:
-                await read_to_usage(
-                    owner, lease.backend.url, ticket.engine_rid, upstream.response, relay, clock
-                )
+                got: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+                got.set_result(upstream.response)
+                await read_to_usage(owner, lease.backend.url, ticket.engine_rid, got, relay, clock)
             ticket.first_token_at = relay.first_token_at
             ticket.last_token_at = relay.last_token_at
             meter = relay.audio

@@ -4,15 +4,18 @@ A client that leaves a stream (or a deadline the gateway gives up at) would, wit
 closed, leave the ledger to guess the work done. A backend whose kind can `end` a request by the id the
 gateway gave it (SGLang's `POST /abort_request`) finishes the stream instead: a `finish_reason: "abort"`
 chunk, then the usage chunk the gateway always asks for (`stream_options.include_usage`), then `[DONE]`.
-The gateway reads on, not relaying, until that usage or a short deadline (the pool's `end_wait_s`).
+The gateway reads on, not relaying, until that usage or a short deadline (the pool's `end_wait_s`). A whole
+answer ended so comes back as a 200 with the answer so far and its usage (SGLang 0.5.23).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import anyio
+import orjson
 
 from gateway.sse import SSERelay
 from gateway.ticket import Usage
@@ -23,20 +26,33 @@ if TYPE_CHECKING:
 
 
 async def read_to_usage(
-    pool: Pool, url: str, rid: str, response: Response, relay: SSERelay, clock: Callable[[], float]
+    pool: Pool,
+    url: str,
+    rid: str,
+    pending: asyncio.Future[Response],
+    relay: SSERelay,
+    clock: Callable[[], float],
+    whole: bool = False,
 ) -> None:
-    """End request `rid` on `pool`'s backend at `url` and feed the rest of its stream to `relay` until its
-    usage, its end or the pool's `end_wait_s`; shielded: it runs while the request's scope is cancelled."""
+    """End request `rid` on `pool`'s backend at `url`, then read its response (`pending`: its headers may
+    still be to come) until its usage, its end or the pool's `end_wait_s`: a stream's rest fed to `relay`, a
+    whole answer's usage set on it. Shielded: it runs while the request's own scope is being cancelled."""
     with anyio.CancelScope(shield=True), anyio.move_on_after(pool.config.end_wait_s):
         assert pool.client is not None
         await pool.kind.end(pool.client, url, rid)
         try:
+            response = await pending
+            if whole:
+                answer = orjson.loads(await response.read()) if response.status == 200 else None
+                usage = answer.get("usage") if isinstance(answer, dict) else None
+                relay.usage = usage if isinstance(usage, dict) else None
+                return
             while relay.usage is None and not relay.done:
                 chunk = await response.readany()
                 if not chunk:
                     return
                 relay.feed(chunk, clock())
-        except UpstreamIOError:
+        except (UpstreamIOError, orjson.JSONDecodeError):
             return
 
 

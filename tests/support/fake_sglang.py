@@ -32,6 +32,7 @@ class Behaviour:
 class Record:
     received: list[dict[str, Any]] = field(default_factory=list)
     aborted: list[tuple[str, float]] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)  # rids asked to end (`/abort_request`); none is ended
     completed: int = 0
     info_calls: dict[str, int] = field(default_factory=dict)  # settings route → times asked
     metrics_calls: int = 0
@@ -200,8 +201,13 @@ def make_app(
 
         return answer
 
+    async def abort_request(request: Request) -> Response:
+        rec.ended.append(orjson.loads(await request.body()).get("rid"))
+        return Response(status_code=200)  # and goes on: an engine whose usage never comes in time
+
     app = Starlette(
         routes=[
+            Route("/abort_request", abort_request, methods=["POST"]),
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", chat, methods=["POST"]),
             Route("/health", health),

@@ -20,6 +20,7 @@ import pytest
 from PIL import Image
 
 from gateway.app import create_app
+from gateway.estimate.text import estimate_text_tokens
 from loadtest.sim.config import SimConfig
 from loadtest.sim.server import create_app as create_sim
 from tests.gateway.conftest import ADMIN, gateway_config
@@ -178,6 +179,47 @@ def test_clients_leaving_during_prefill_pay_what_the_engine_counted(stack: ExitS
     assert [_inferred(gw, r) for r in reasons] == before
 
 
+def test_a_client_leaving_mid_stream_pays_exactly_what_the_engine_counted(
+    stack: ExitStack, tmp_path: Path
+) -> None:
+    """Three clients each leave a long stream after ten tokens: the gateway ends each on the engine and
+    charges the usage it closes with — to the token the engine's counters grew by, nothing inferred —
+    though the engine went on generating after the last token the client read."""
+    sim = stack.enter_context(serve(create_sim(SimConfig(model=MODEL, time_scale=5, seed=1))))
+    gw = _gateway(stack, tmp_path, sim.url, MODEL).url
+    reasons = ("client_left", "left_queued", "stream_cut", "no_usage")
+    before = [_inferred(gw, r) for r in reasons]
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a long story about the sea."}],
+        "max_tokens": 2000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    ids = [f"mid-{uuid.uuid4().hex}" for _ in range(3)]
+    read = 0
+    for request_id in ids:
+        headers = {"authorization": f"Bearer {KEY}", "x-request-id": request_id}
+        with httpx.stream("POST", gw + "/v1/chat/completions", json=body, headers=headers, timeout=30) as r:
+            tokens = 0
+            for line in r.iter_lines():
+                if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
+                    tokens += 1
+                if tokens == 10:
+                    break
+            read += tokens
+    today = wait_for(lambda: _settled(gw, 3), timeout=10)
+    assert today is not None, _today(gw)["today"]
+    work = httpx.get(sim.url + "/sim/work", timeout=10).json()
+    served = [work[i] for i in ids]
+    assert all(w["finish_reason"] == "abort" and w["prefilled"] for w in served)
+    counted = _engine_counted(sim.url)
+    assert counted == sum(_work_count(w) for w in served)
+    assert today["input_tokens"] + today["output_tokens"] == counted
+    assert today["output_tokens"] == sum(w["generated"] for w in served) >= read
+    assert [_inferred(gw, r) for r in reasons] == before
+
+
 def test_the_issues_probe_against_the_demos_engines_pays_what_they_prefilled(
     stack: ExitStack, tmp_path: Path
 ) -> None:
@@ -302,6 +344,49 @@ def test_a_whole_answer_the_gateway_gave_up_on_pays_what_the_engine_generated(
     )
     charged = today["output_tokens"] - 60
     assert 0.6 * generated <= charged <= 1.4 * generated, (charged, generated)
+
+
+def test_a_stream_ended_without_usage_in_time_pays_what_was_relayed_and_the_lesser_prompt(
+    stack: ExitStack, tmp_path: Path
+) -> None:
+    """The client leaves after the first token; the gateway asks the engine to end the stream (its rid in
+    `/abort_request`) and reads on for `end_wait_s`, but this engine sends nothing more in time: the charge
+    is the guess that errs toward the customer — the priced prompt and the one token relayed, none the
+    engine may have made after — flagged client_left."""
+    app, _, record = make_app(Behaviour(token_delay=3.0))
+    backend = stack.enter_context(serve(app))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\n")
+    pool = {"name": "interactive", "models": ["test-model"], "backends": [backend.url], "end_wait_s": 0.3}
+    config = gateway_config(
+        [backend.url],
+        policy,
+        pools=[pool],
+        auth={"required": True},
+        tenants=[{"id": "alice", "name": "Alice", "keys": [KEY]}],
+    )
+    gw = stack.enter_context(serve(create_app(config))).url
+    before = _inferred(gw, "client_left")
+    body = {"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30}
+    headers = {"authorization": f"Bearer {KEY}"}
+    seen: list[dict[str, Any]] = []
+    with httpx.stream(
+        "POST", gw + "/v1/chat/completions", json={**body, "stream": True}, headers=headers, timeout=30
+    ) as resp:
+        prompt = int(resp.headers["x-omnigate-estimated-tokens"]) - 30  # expected output = the cap here
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                seen.append(orjson.loads(line[6:]))
+            if len(seen) == 2:  # the role chunk and the first token: leave
+                break
+    today = wait_for(lambda: _settled(gw, 1), timeout=10)
+    assert today is not None, _today(gw)["today"]
+    rid = record.received[0]["rid"]
+    assert rid.startswith("chatcmpl-") and record.ended == [rid]
+    assert record.received[0]["stream_options"] == {"include_usage": True}  # asked for, for the ledger
+    assert today["input_tokens"] == prompt
+    assert today["output_tokens"] == estimate_text_tokens(seen[1]["choices"][0]["delta"]["content"])
+    assert _inferred(gw, "client_left") - before == 1
 
 
 def test_an_answer_without_usage_is_charged_by_its_text(stack: ExitStack, tmp_path: Path) -> None:

@@ -11,9 +11,10 @@ SGLang does not read: their items become content parts (`shapes.py`).
 Errors: SGLang answers a bad request with a 4xx; a 5xx is the server's own failure, so another backend may
 serve the request and the circuit counts it; 429 and 503 are overload answers. Closing the connection
 aborts the request in the engine (SGLang's handler watches for the disconnect), so a lease can end with it.
-Ending: each streamed attempt carries a `rid` of the gateway's (the response's `id` is it); `POST
-/abort_request {"rid"}` ends it and its stream finishes with `finish_reason: "abort"` and the usage the engine
-counted (SGLang 0.5.23: ~20 ms later), which is what a departed client is charged.
+Ending: each chat or completion attempt carries a `rid` of the gateway's (the response's `id` is it);
+`POST /abort_request {"rid"}` ends it: a stream finishes with `finish_reason: "abort"` and the usage the
+engine counted (SGLang 0.5.23: ~20 ms later), a whole answer comes back as a 200 with it — what a departed
+client is charged.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class SGLang(BackendKind):
 
     def name_request(self, body: dict[str, Any], ticket: Ticket) -> str | None:
         prefix = _RID_PREFIX.get(ticket.endpoint)
-        if not ticket.stream or prefix is None:
+        if prefix is None:
             body.pop("rid", None)  # the gateway's to set: a client's own could end another's request
             return None
         rid = body["rid"] = prefix + uuid.uuid4().hex
