@@ -37,7 +37,7 @@ from gateway.proxy import (
 )
 from gateway.speech.events import SPEECH_FORMAT_HEADERS, SPEECH_HEADERS, read_json, speech_seconds
 from gateway.sse import SSERelay, error_event, whole_answer_tokens
-from gateway.stream_end import ended_usage, read_to_usage, reported_usage
+from gateway.stream_end import read_to_usage, reported_usage
 from gateway.tenants.charge import infer, left_waiting
 from gateway.ticket import Outcome, Ticket, Usage
 from gateway.upstream import Response
@@ -344,13 +344,15 @@ class CompletionEndpoint:
                     continue
                 ticket.outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
                 if isinstance(e, UpstreamTimeout):  # the gateway gave up: charged as a client that left
+                    if kept:
+                        await self._end_unopened(ticket, owner, backend, *kept.pop())
                     delay = owner.config.abort_delay_s
                     left_waiting(ticket, backend.progress, self.gw.clock(), owner.kind.runs_on(ticket), delay)
                 raise verdict.error from None
             except BaseException as e:
                 if isinstance(e, asyncio.CancelledError):  # the client left before the first byte
                     if kept:
-                        await self._end_unopened(ticket, owner, backend, *kept[0])
+                        await self._end_unopened(ticket, owner, backend, *kept.pop())
                     delay = owner.config.abort_delay_s
                     left_waiting(ticket, backend.progress, self.gw.clock(), owner.kind.runs_on(ticket), delay)
                 owner.record_no_verdict(backend, ticket.dispatched_at)
@@ -358,6 +360,8 @@ class CompletionEndpoint:
                 raise
             finally:
                 lease.disarm()
+                for _, drop in kept:  # not ended (a retry, a revoked loan): closing aborts it
+                    drop()
             if revocable is not None and revocable.cancelled_caught:
                 ticket.reached_engine = False  # the gateway took it back: its choice, not the tenant's
                 owner.record_no_verdict(backend, ticket.dispatched_at)
@@ -391,7 +395,7 @@ class CompletionEndpoint:
         drop: Callable[[], None],
     ) -> None:
         """The client left before the answer's first byte: end the request on the engine and charge the
-        usage it closes with (nothing for one the engine dropped from its queue); none in time: the guess."""
+        usage it closes with (none for one it dropped from its queue); none in time: the guess."""
         relay = SSERelay(False)
         try:
             rid, whole = ticket.engine_rid or "", not ticket.stream
@@ -399,7 +403,7 @@ class CompletionEndpoint:
         finally:
             drop()
         if relay.usage is not None:
-            ticket.usage = ended_usage(relay.usage)
+            ticket.usage = reported_usage(relay.usage)
 
     def _failed(self, ticket: Ticket, pool: Pool, lease: Lease, e: UpstreamError) -> ApiError:
         """A relay that ended without its answer: the outcome and the circuit as the backend's kind judges

@@ -24,6 +24,8 @@ from gateway.upstream import Response, UpstreamIOError
 if TYPE_CHECKING:
     from gateway.backends.pool import Pool
 
+END_AGAIN_S = 0.2
+
 
 async def read_to_usage(
     pool: Pool,
@@ -38,33 +40,43 @@ async def read_to_usage(
     still be to come) until its usage, its end or the pool's `end_wait_s`: a stream's rest fed to `relay`, a
     whole answer's usage set on it. Shielded: it runs while the request's own scope is being cancelled."""
     with anyio.CancelScope(shield=True), anyio.move_on_after(pool.config.end_wait_s):
-        assert pool.client is not None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_end, pool, url, rid)
+            await _read(pending, relay, clock, whole)
+            tg.cancel_scope.cancel()
+
+
+async def _end(pool: Pool, url: str, rid: str) -> None:
+    """Ask again every `END_AGAIN_S` until the answer ends: an engine still reading the request's body
+    (a large prompt, images) does not know its id yet and ignores the first ask."""
+    assert pool.client is not None
+    while True:
         await pool.kind.end(pool.client, url, rid)
-        try:
-            response = await pending
-            if whole:
-                answer = orjson.loads(await response.read()) if response.status == 200 else None
-                usage = answer.get("usage") if isinstance(answer, dict) else None
-                relay.usage = usage if isinstance(usage, dict) else None
-                return
-            while relay.usage is None and not relay.done:
-                chunk = await response.readany()
-                if not chunk:
-                    return
-                relay.feed(chunk, clock())
-        except (UpstreamIOError, orjson.JSONDecodeError):
+        await anyio.sleep(END_AGAIN_S)
+
+
+async def _read(
+    pending: asyncio.Future[Response], relay: SSERelay, clock: Callable[[], float], whole: bool
+) -> None:
+    try:
+        response = await pending
+        if whole:
+            answer = orjson.loads(await response.read()) if response.status == 200 else None
+            usage = answer.get("usage") if isinstance(answer, dict) else None
+            relay.usage = usage if isinstance(usage, dict) else None
             return
-
-
-def ended_usage(usage: dict[str, object]) -> Usage:
-    """The usage an ended stream closed with, as charged: a request that produced no token never finished
-    its prefill (SGLang drops a request still waiting in its queue and counts nothing for it), so nothing."""
-    prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
-    return Usage(prompt, completion) if completion else Usage(0, 0)
+        while relay.usage is None and not relay.done:
+            chunk = await response.readany()
+            if not chunk:
+                return
+            relay.feed(chunk, clock())
+    except (UpstreamIOError, orjson.JSONDecodeError):
+        return
 
 
 def reported_usage(usage: dict[str, object]) -> Usage:
-    """A usage object as the engine sent it."""
+    """A usage object as the engine sent it: what it counted (SGLang 0.5.23 reports 0 prompt, 0 completion
+    tokens for a request it ended while it still waited, and counts nothing for it either)."""
     return Usage(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
 
 

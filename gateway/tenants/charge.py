@@ -4,7 +4,7 @@ The rule (documented in the tenants README, "What a request is charged"):
 - The engine reported `usage` (a complete answer, or a stream that ended with its usage chunk): exactly that.
   A stream whose client left (or that a deadline ended) is ended on the engine where its kind can
   (SGLang's `/abort_request`, gateway/stream_end.py), and the usage it closes with is charged: the engine
-  says what it ran. Nothing for one it ended before producing a token (dropped from its waiting queue).
+  says what it ran (0/0 for one it dropped from its waiting queue).
 - The request never reached an engine (refused, cancelled while queued or before its body was sent, or
   every attempt was refused by the backend or could not connect): no tokens. It still counted as a
   request (rpm, `requests`). It reached the engine once its body was written to the engine's connection

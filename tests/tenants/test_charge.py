@@ -11,7 +11,7 @@ import pytest
 from gateway.backends.progress import EngineProgress
 from gateway.estimate.text import estimate_text_tokens
 from gateway.sse import SSERelay, whole_answer_tokens
-from gateway.stream_end import ended_usage, reported_usage
+from gateway.stream_end import reported_usage
 from gateway.tenants.charge import Inferred, billable, infer, left_waiting
 from gateway.ticket import Cost, Outcome, Prefill, Ticket, Usage
 
@@ -66,17 +66,15 @@ def test_a_guessed_prompt_is_the_lesser_of_the_price_and_the_engines_predicted_c
     [
         ({"prompt_tokens": 26, "completion_tokens": 108, "total_tokens": 134}, Usage(26, 108)),
         ({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}, Usage(0, 0)),  # left the queue
-        ({"prompt_tokens": 900, "completion_tokens": 0}, Usage(0, 0)),  # no token: no prefill finished
+        ({"prompt_tokens": 900, "completion_tokens": 0}, Usage(900, 0)),  # ended within its prefill
         ({"prompt_tokens": None, "completion_tokens": 5}, Usage(0, 5)),
+        ({"prompt_tokens": "12", "completion_tokens": -3}, Usage(0, 0)),
     ],
 )
-def test_an_ended_stream_is_charged_the_usage_it_closed_with(usage: dict[str, Any], charged: Usage) -> None:
-    assert ended_usage(usage) == charged
-
-
-def test_a_reported_usage_is_read_as_sent_and_nothing_else() -> None:
-    assert reported_usage({"prompt_tokens": 12, "completion_tokens": 0}) == Usage(12, 0)
-    assert reported_usage({"prompt_tokens": "12", "completion_tokens": -3}) == Usage(0, 0)
+def test_an_ended_request_is_charged_the_usage_the_engine_reported(
+    usage: dict[str, Any], charged: Usage
+) -> None:
+    assert reported_usage(usage) == charged
 
 
 def _chunk(content: str) -> bytes:
