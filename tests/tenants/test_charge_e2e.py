@@ -385,7 +385,7 @@ def test_a_stream_ended_without_usage_in_time_pays_what_was_relayed_and_the_less
     `/abort_request`) and reads on for `end_wait_s`, but this engine sends nothing more in time: the charge
     is the guess that errs toward the customer — the priced prompt and the one token relayed, none the
     engine may have made after — flagged client_left."""
-    app, _, record = make_app(Behaviour(token_delay=3.0))
+    app, _, record = make_app(Behaviour(token_delay=3.0, ends_on_abort=False))
     backend = stack.enter_context(serve(app))
     policy = tmp_path / "policy.yaml"
     policy.write_text("version: 1\n")
