@@ -399,10 +399,12 @@ class CompletionEndpoint:
         relay = SSERelay(False)
         try:
             rid, whole = ticket.engine_rid or "", not ticket.stream
-            await read_to_usage(owner, backend.url, rid, pending, relay, self.gw.clock, whole)
+            status = await read_to_usage(owner, backend.url, rid, pending, relay, self.gw.clock, whole)
         finally:
             drop()
-        if relay.usage is not None:
+        if status is not None and status != 200:  # refused by the engine (an error status): it did nothing
+            ticket.reached_engine = False
+        elif relay.usage is not None:
             ticket.usage = reported_usage(relay.usage)
 
     def _failed(self, ticket: Ticket, pool: Pool, lease: Lease, e: UpstreamError) -> ApiError:

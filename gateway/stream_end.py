@@ -35,15 +35,21 @@ async def read_to_usage(
     relay: SSERelay,
     clock: Callable[[], float],
     whole: bool = False,
-) -> None:
+) -> int | None:
     """End request `rid` on `pool`'s backend at `url`, then read its response (`pending`: its headers may
     still be to come) until its usage, its end or the pool's `end_wait_s`: a stream's rest fed to `relay`, a
-    whole answer's usage set on it. Shielded: it runs while the request's own scope is being cancelled."""
+    whole answer's usage set on it. Shielded: it runs while the request's own scope is being cancelled.
+    Returns the response's status, None when it did not come in time."""
     with anyio.CancelScope(shield=True), anyio.move_on_after(pool.config.end_wait_s):
         async with anyio.create_task_group() as tg:
             tg.start_soon(_end, pool, url, rid)
             await _read(pending, relay, clock, whole)
             tg.cancel_scope.cancel()
+    return (
+        pending.result().status
+        if pending.done() and not pending.cancelled() and not pending.exception()
+        else None
+    )
 
 
 async def _end(pool: Pool, url: str, rid: str) -> None:
@@ -60,8 +66,10 @@ async def _read(
 ) -> None:
     try:
         response = await pending
+        if response.status != 200:  # the engine refused it: there is no usage to read
+            return
         if whole:
-            answer = orjson.loads(await response.read()) if response.status == 200 else None
+            answer = orjson.loads(await response.read())
             usage = answer.get("usage") if isinstance(answer, dict) else None
             relay.usage = usage if isinstance(usage, dict) else None
             return
