@@ -133,6 +133,31 @@ def _work_count(work: dict[str, Any]) -> int:
     return int(work["prompt_tokens"]) * bool(work["prefilled"]) + int(work["generated"])
 
 
+REASONS = ("client_left", "left_queued", "stream_cut", "no_usage")  # omnigate_usage_inferred_total's
+STORY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Tell me a long story about the sea."}],
+    "max_tokens": 2000,
+    "ignore_eos": True,
+}
+
+
+def _charged_exactly(
+    gw: str, sim: str, ids: list[str], before: list[float]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Once the ledger settled: the engine's counters grew by its account of the requests `ids`, the tenant
+    was charged exactly that, and nothing was inferred. Today's usage and the engine's account of each."""
+    today = wait_for(lambda: _settled(gw, len(ids)), timeout=10)
+    assert today is not None, _today(gw)["today"]
+    work = httpx.get(sim + "/sim/work", timeout=10).json()
+    served = [work[i] for i in ids]
+    counted = _engine_counted(sim)
+    assert counted == sum(_work_count(w) for w in served)
+    assert today["input_tokens"] + today["output_tokens"] == counted
+    assert [_inferred(gw, r) for r in REASONS] == before
+    return today, served
+
+
 def test_clients_leaving_during_prefill_pay_what_the_engine_counted(stack: ExitStack, tmp_path: Path) -> None:
     """The issue's probe: five streams of four 1920x1080 images each, every client gone 0.35 s after
     sending, once the engine has it (during its prefill, before the first token but for the first
@@ -148,8 +173,7 @@ def test_clients_leaving_during_prefill_pay_what_the_engine_counted(stack: ExitS
     parts += [{"type": "image_url", "image_url": {"url": image}}] * 4
     body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": parts}], "stream": True})
     ids = [f"probe-{uuid.uuid4().hex}" for _ in range(5)]
-    reasons = ("client_left", "left_queued", "stream_cut", "no_usage")
-    before = [_inferred(gw, r) for r in reasons]
+    before = [_inferred(gw, r) for r in REASONS]
 
     async def run() -> list[bool]:
         results: list[bool] = [False] * 5
@@ -176,7 +200,7 @@ def test_clients_leaving_during_prefill_pay_what_the_engine_counted(stack: ExitS
     assert counted == sum(_work_count(w) for w in served)
     assert today["input_tokens"] + today["output_tokens"] == counted
     assert today["input_tokens"] == sum(w["prompt_tokens"] for w in served if w["prefilled"])
-    assert [_inferred(gw, r) for r in reasons] == before
+    assert [_inferred(gw, r) for r in REASONS] == before
 
 
 def test_a_client_leaving_mid_stream_pays_exactly_what_the_engine_counted(
@@ -187,19 +211,12 @@ def test_a_client_leaving_mid_stream_pays_exactly_what_the_engine_counted(
     though the engine went on generating after the last token the client read."""
     sim = stack.enter_context(serve(create_sim(SimConfig(model=MODEL, time_scale=5, seed=1))))
     gw = _gateway(stack, tmp_path, sim.url, MODEL).url
-    reasons = ("client_left", "left_queued", "stream_cut", "no_usage")
-    before = [_inferred(gw, r) for r in reasons]
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Tell me a long story about the sea."}],
-        "max_tokens": 2000,
-        "ignore_eos": True,
-        "stream": True,
-    }
+    before = [_inferred(gw, r) for r in REASONS]
     ids = [f"mid-{uuid.uuid4().hex}" for _ in range(3)]
     read = 0
     for request_id in ids:
         headers = {"authorization": f"Bearer {KEY}", "x-request-id": request_id}
+        body = {**STORY, "stream": True}
         with httpx.stream("POST", gw + "/v1/chat/completions", json=body, headers=headers, timeout=30) as r:
             tokens = 0
             for line in r.iter_lines():
@@ -208,16 +225,9 @@ def test_a_client_leaving_mid_stream_pays_exactly_what_the_engine_counted(
                 if tokens == 10:
                     break
             read += tokens
-    today = wait_for(lambda: _settled(gw, 3), timeout=10)
-    assert today is not None, _today(gw)["today"]
-    work = httpx.get(sim.url + "/sim/work", timeout=10).json()
-    served = [work[i] for i in ids]
+    today, served = _charged_exactly(gw, sim.url, ids, before)
     assert all(w["finish_reason"] == "abort" and w["prefilled"] for w in served)
-    counted = _engine_counted(sim.url)
-    assert counted == sum(_work_count(w) for w in served)
-    assert today["input_tokens"] + today["output_tokens"] == counted
     assert today["output_tokens"] == sum(w["generated"] for w in served) >= read
-    assert [_inferred(gw, r) for r in reasons] == before
 
 
 def test_a_client_leaving_a_whole_answer_pays_exactly_what_the_engine_counted(
@@ -228,28 +238,14 @@ def test_a_client_leaving_a_whole_answer_pays_exactly_what_the_engine_counted(
     inferred."""
     sim = stack.enter_context(serve(create_sim(SimConfig(model=MODEL, time_scale=5, seed=1))))
     gw = _gateway(stack, tmp_path, sim.url, MODEL).url
-    reasons = ("client_left", "left_queued", "stream_cut", "no_usage")
-    before = [_inferred(gw, r) for r in reasons]
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Tell me a long story about the sea."}],
-        "max_tokens": 2000,
-        "ignore_eos": True,
-    }
+    before = [_inferred(gw, r) for r in REASONS]
     ids = [f"whole-{uuid.uuid4().hex}" for _ in range(2)]
     for request_id in ids:
         headers = {"authorization": f"Bearer {KEY}", "x-request-id": request_id}
         with pytest.raises(httpx.ReadTimeout):  # the client gives up on the answer
-            httpx.post(gw + "/v1/chat/completions", json=body, headers=headers, timeout=1.0)
-    today = wait_for(lambda: _settled(gw, 2), timeout=10)
-    assert today is not None, _today(gw)["today"]
-    work = httpx.get(sim.url + "/sim/work", timeout=10).json()
-    served = [work[i] for i in ids]
+            httpx.post(gw + "/v1/chat/completions", json=STORY, headers=headers, timeout=1.0)
+    _, served = _charged_exactly(gw, sim.url, ids, before)
     assert all(w["finish_reason"] == "abort" and w["generated"] > 10 for w in served)
-    counted = _engine_counted(sim.url)
-    assert counted == sum(_work_count(w) for w in served)
-    assert today["input_tokens"] + today["output_tokens"] == counted
-    assert [_inferred(gw, r) for r in reasons] == before
 
 
 def test_the_issues_probe_against_the_demos_engines_pays_what_they_prefilled(
