@@ -72,8 +72,8 @@ class PoolConfig(Frozen):
         1.0,
         gt=0,
         le=30,
-        description="How long the gateway reads on a stream it ended for a departed client (the backend's "
-        "`/abort_request`) for the usage chunk the engine closes it with; none in time: the ledger guesses.",
+        description="How long the gateway reads on a request it ended for a departed client (the backend's "
+        "`/abort_request`) for the usage the engine closes it with; none in time: the ledger guesses.",
     )
     priority_scheduling: bool = Field(
         False,

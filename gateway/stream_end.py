@@ -24,7 +24,7 @@ from gateway.upstream import Response, UpstreamIOError
 if TYPE_CHECKING:
     from gateway.backends.pool import Pool
 
-END_AGAIN_S = 0.2
+END_AGAIN_S = 0.2  # how often the end is asked for again while no answer came
 
 
 async def read_to_usage(
@@ -45,11 +45,8 @@ async def read_to_usage(
             tg.start_soon(_end, pool, url, rid)
             await _read(pending, relay, clock, whole)
             tg.cancel_scope.cancel()
-    return (
-        pending.result().status
-        if pending.done() and not pending.cancelled() and not pending.exception()
-        else None
-    )
+    came = pending.done() and not pending.cancelled() and pending.exception() is None
+    return pending.result().status if came else None
 
 
 async def _end(pool: Pool, url: str, rid: str) -> None:

@@ -52,7 +52,7 @@ RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 OVERLOAD_STATUS = frozenset({429, 503})
 ENGINE = "engine"
 _ENGINE_ONLY = (ENGINE,)
-_RID_PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-"}  # as SGLang names its own responses
+_RID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-"}  # as SGLang names its own responses
 _END_CONNECT_S = 0.5
 
 
