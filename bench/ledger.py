@@ -158,20 +158,25 @@ def _code(body: bytes) -> str:
 
 
 async def _tenant(
-    args: argparse.Namespace, url: str, tenant: str, deadline: float, seed: int, tally: Tally
+    url: str,
+    tenant: str,
+    deadline: float,
+    clients: int,
+    seed: int,
+    tally: Tally,
+    work: Workload = WORKLOADS["mixed"],
+    model: str = MODEL,
 ) -> None:
     rng = random.Random(seed)
-    work = WORKLOADS[args.workload]
-    clients, run = args.clients, ""
     async with httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as client:
 
         async def worker(w: int) -> None:
             n = 0
             while time.monotonic() < deadline:
                 n += 1
-                rid = f"{run}{tenant}-{seed}-{w}-{n}"  # unique across runs: the engines keep every id
+                rid = f"{tenant}-{seed}-{w}-{n}"  # unique in a run: each store's engines are fresh
                 fate = rng.choices(list(work.fates), weights=list(work.fates.values()))[0]
-                body = _body(rng, work, args.model)
+                body = _body(rng, work, model)
                 if fate == "mid_stream":
                     body["stream"] = True
                 tally.sent += 1
@@ -414,7 +419,11 @@ async def run_store(
     for turn in turns:
         before = await _counted(engines)
         deadline = time.monotonic() + args.duration
-        load = [_tenant(args, url, t, deadline, args.seed * 100 + TENANTS.index(t), tallies[t]) for t in turn]
+        work, seed = WORKLOADS[args.workload], args.seed * 100
+        load = [
+            _tenant(url, t, deadline, args.clients, seed + TENANTS.index(t), tallies[t], work, args.model)
+            for t in turn
+        ]
         results = await asyncio.gather(_faults(args, engines, store, redis, db, procs), *load)
         assert isinstance(results[0], list)
         done += results[0]
@@ -468,15 +477,18 @@ async def run_store(
     return lines, all_ok
 
 
-def _start_sims(args: argparse.Namespace, procs: Procs, store: str) -> list[str]:
-    """Two fresh engines per store: each run's account starts empty."""
+def _start_sims(
+    args: argparse.Namespace, procs: Procs, store: str, model: str = MODEL, cap: int | None = None
+) -> list[str]:
+    """Two fresh engines per store (serving `model`, capped at `cap` running requests if given): each
+    run's account starts empty."""
     sims = []
     for i in range(2):
         port, name = free_port(), f"{store}-sim{i}"
         argv = [sys.executable, "-m", "loadtest.sim", "--host", "127.0.0.1", "--port", str(port)]
-        argv += ["--time-scale", repr(args.time_scale), "--model", args.model, "--seed", str(i + 1)]
-        if args.max_running_requests:
-            argv += ["--max-running-requests", str(args.max_running_requests)]
+        argv += ["--time-scale", repr(args.time_scale), "--model", model, "--seed", str(i + 1)]
+        if cap:
+            argv += ["--max-running-requests", str(cap)]
         procs.start(name, argv)
         wait_http(port, "/health", 60, procs, name)
         sims.append(f"http://127.0.0.1:{port}")
@@ -490,7 +502,9 @@ async def main_async(args: argparse.Namespace) -> bool:
         procs = Procs(Path(tmp))
         try:
             for store in args.stores:
-                engines = [u.rstrip("/") for u in args.url] or _start_sims(args, procs, store)
+                engines = [u.rstrip("/") for u in args.url] or _start_sims(
+                    args, procs, store, args.model, args.max_running_requests
+                )
                 lines, store_ok = await run_store(args, store, procs, engines)
                 ok = ok and store_ok
                 for line in lines:
