@@ -2,22 +2,35 @@
 
     .venv/bin/python bench/ledger.py                          # both stores, 60 s each (~3 min)
     .venv/bin/python bench/ledger.py --stores redis --duration 20
+    .venv/bin/python bench/ledger.py --workload images --max-running-requests 16
+    .venv/bin/python bench/ledger.py --url http://127.0.0.1:30000 --stores sqlite   # a running SGLang
 
-One real `omnigate serve` at a time (store: Redis, then SQLite) in front of two simulated SGLang engines
-(`python -m loadtest.sim`, default profile, `--time-scale` faster than a GPU), three tenants each sending
-text and image chats, streamed and whole, from a few concurrent clients. Each request meets a fate drawn
-at random: it completes, or its client leaves at a random moment — most land while it is queued, waiting
-for its prefill or mid-stream. Meanwhile the run injects faults: the engines fail requests before their
-first byte and cut streams (`POST /admin/faults`) for a while; the store fails — redis-server is stopped
-and started again (append-only file, so its ledger survives) or another process holds the SQLite file
-locked — for a few seconds.
+The reference is the engine's own count, `sglang:prompt_tokens_total + sglang:generation_tokens_total`
+(what it ran: a request's whole prompt once its prefill started, every token it generated; counted when
+the request ends, nothing for one that left while it waited).
+
+One real `omnigate serve` at a time (store: Redis, then SQLite) in front of the engines, three tenants
+sending chats, streamed and whole, from a few concurrent clients. Each request meets a fate drawn at random:
+it completes, or its client leaves — while it is queued, waiting for its prefill, mid-stream, or at any
+moment (`anytime`, the `departures` workload). Workloads (`--workload`): `mixed` (text and up to two
+images), `images` (two to four images each), `departures` (four in five clients leave at a random moment).
+
+On the simulator (default: two `python -m loadtest.sim` engines, `--time-scale` faster than a GPU; its
+`--max-running-requests` with this flag) the tenants run at once, and the run injects faults: the engines
+fail requests before their first byte and cut streams (`POST /admin/faults`) for a while; the store fails —
+redis-server is stopped and started again (append-only file, so its ledger survives) or another process
+holds the SQLite file locked — for a few seconds. Per tenant, the engines' count is their own account by
+request id (`GET /sim/work`), whose sum the run checks against their counters.
+
+Against a running SGLang (`--url`, repeatable; `--model` its served name), which cannot tell tenants
+apart, the tenants run one after another (`--duration` each, text prompts) and each is held to the
+counters' growth over its turn; the store's fault is injected, the engine's are not (it has none).
 
 At the end, once the gateway's outbox is empty, it prints per tenant: the tokens its ledger charged, the
-engines' own count for its requests (`GET /sim/work`, by request id, the last attempt: its prompt if its
-prefill started, plus the tokens generated), their ratio, the requests the ledger counts against those
-sent, and whether every counter is back to zero (the tenant's concurrency, the gateway's queues and slots, the
-outbox, the engines' running requests). Targets: charged within 2 % of the engines' count per tenant, no
-request counted twice, every counter zero.
+engines' count, their ratio, the requests the ledger counts against those sent, and whether every counter is
+back to zero (the tenant's concurrency, the gateway's queues and slots, the outbox, the engines' running
+requests). Targets: charged within 2 % of the engines' count per tenant, no request counted twice, every
+counter zero.
 """
 
 from __future__ import annotations
@@ -50,6 +63,23 @@ MODEL = "qwen2.5-omni-7b"
 ADMIN = "bench-ledger-admin"
 TENANTS = ("acme", "globex", "initech")
 FATES = {"complete": 0.4, "queued": 0.2, "prefill": 0.2, "mid_stream": 0.2}
+DEPARTURES = {"complete": 0.2, "anytime": 0.8}
+COUNTERS = ("sglang:prompt_tokens_total", "sglang:generation_tokens_total")
+
+
+@dataclass(frozen=True)
+class Workload:
+    fates: dict[str, float]
+    images: tuple[int, ...]  # how many images a request carries, drawn from these
+    max_tokens: tuple[int, int]
+
+
+WORKLOADS = {
+    "mixed": Workload(FATES, (0, 0, 1, 2), (32, 256)),
+    "images": Workload(FATES, (2, 3, 4), (32, 256)),
+    "departures": Workload(DEPARTURES, (0, 0, 1, 2), (32, 256)),
+    "text": Workload(DEPARTURES, (0,), (16, 160)),  # a real engine's tiny text model: the issue's probe
+}
 
 
 def _png(width: int, height: int, seed: int) -> str:
@@ -74,14 +104,14 @@ class Tally:
     fate: dict[str, str] = field(default_factory=dict)  # request id → its fate
 
 
-def _body(rng: random.Random) -> dict[str, Any]:
+def _body(rng: random.Random, work: Workload, model: str) -> dict[str, Any]:
     parts: list[dict[str, Any]] = [{"type": "text", "text": rng.choice(PROMPTS)}]
-    for _ in range(rng.choice([0, 0, 1, 2])):
+    for _ in range(rng.choice(work.images)):
         parts.append({"type": "image_url", "image_url": {"url": rng.choice(IMAGES)}})
     return {
-        "model": MODEL,
+        "model": model,
         "messages": [{"role": "user", "content": parts}],
-        "max_tokens": rng.randint(32, 256),
+        "max_tokens": rng.randint(*work.max_tokens),
         "stream": rng.random() < 0.7,
     }
 
@@ -97,6 +127,7 @@ async def _one(
         "queued": rng.uniform(0.0, 0.05),
         "prefill": rng.uniform(0.05, 1.0),
         "mid_stream": None,
+        "anytime": rng.uniform(0.0, 3.0),
     }[fate]
     status = 0
     with anyio.move_on_after(leave_after if leave_after is not None else 120):
@@ -127,7 +158,14 @@ def _code(body: bytes) -> str:
 
 
 async def _tenant(
-    url: str, tenant: str, deadline: float, clients: int, seed: int, tally: Tally, run: str = ""
+    url: str,
+    tenant: str,
+    deadline: float,
+    clients: int,
+    seed: int,
+    tally: Tally,
+    work: Workload = WORKLOADS["mixed"],
+    model: str = MODEL,
 ) -> None:
     rng = random.Random(seed)
     async with httpx.AsyncClient(base_url=url, timeout=120, trust_env=False) as client:
@@ -136,9 +174,9 @@ async def _tenant(
             n = 0
             while time.monotonic() < deadline:
                 n += 1
-                rid = f"{run}{tenant}-{seed}-{w}-{n}"  # unique across runs: the engines keep every id
-                fate = rng.choices(list(FATES), weights=list(FATES.values()))[0]
-                body = _body(rng)
+                rid = f"{tenant}-{seed}-{w}-{n}"  # unique in a run: each store's engines are fresh
+                fate = rng.choices(list(work.fates), weights=list(work.fates.values()))[0]
+                body = _body(rng, work, model)
                 if fate == "mid_stream":
                     body["stream"] = True
                 tally.sent += 1
@@ -167,10 +205,12 @@ async def _faults(
     done: list[str] = []
     span = args.duration
     await asyncio.sleep(span * 0.2)
+    engine_faults = not args.url  # a real engine has none to inject
     async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
-        for sim in sims:
+        for sim in sims if engine_faults else ():
             await client.post(sim + "/admin/faults", json={"error_rate": 0.1, "disconnect_rate": 0.1})
-        done.append("engine faults on (10 % errors before the first byte, 10 % cut streams)")
+        if engine_faults:
+            done.append("engine faults on (10 % errors before the first byte, 10 % cut streams)")
         await asyncio.sleep(span * 0.2)
         if store == "redis":
             redis.stop()
@@ -183,9 +223,10 @@ async def _faults(
             await asyncio.to_thread(_hold_sqlite, db, hold)
             done.append(f"SQLite file held locked for {hold:g} s")
         await asyncio.sleep(span * 0.2)
-        for sim in sims:
+        for sim in sims if engine_faults else ():
             await client.post(sim + "/admin/faults", json={"error_rate": 0.0, "disconnect_rate": 0.0})
-        done.append("engine faults off")
+        if engine_faults:
+            done.append("engine faults off")
     return done
 
 
@@ -306,24 +347,38 @@ def _by_fate(log: Path, tallies: dict[str, Tally], engines: dict[str, dict[str, 
     return out
 
 
-async def run_store(
-    args: argparse.Namespace, store: str, procs: Procs, sims: list[str]
-) -> tuple[list[str], bool]:
-    work = procs.workdir
-    db = work / f"{store}-tenants.sqlite3"
-    redis = _Redis(procs) if store == "redis" else None
-    store_cfg: dict[str, Any] = (
-        {
+async def _counted(engines: list[str]) -> int:
+    """The engines' own count: Σ `sglang:prompt_tokens_total + sglang:generation_tokens_total`."""
+    async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
+        texts = [(await client.get(e + "/metrics")).text for e in engines]
+    return int(sum(_metric(text, name) for text in texts for name in COUNTERS))
+
+
+async def _charged(client: httpx.AsyncClient, url: str, tenant: str) -> tuple[int, int, int]:
+    """The tenant's ledger: tokens charged, requests counted, requests still active."""
+    usage = (
+        await client.get(
+            f"{url}/admin/tenants/{tenant}/usage",
+            params={"days": 2},
+            headers={"authorization": f"Bearer {ADMIN}"},
+        )
+    ).json()
+    charged = sum(d["input_tokens"] + d["output_tokens"] for d in usage["history"])
+    requests = sum(d["requests"] for d in usage["history"])
+    return charged, requests, int(usage["concurrent"]["active"])
+
+
+def _gateway_config(args: argparse.Namespace, store: str, work: Path, port: int, engines: list[str]) -> bytes:
+    store_cfg: dict[str, Any] = {"kind": "sqlite", "path": str(work / f"{store}-tenants.sqlite3")}
+    if store == "redis":
+        store_cfg = {
             "kind": "redis",
-            "redis_url": f"redis://127.0.0.1:{redis.port}/0",
+            "redis_url": f"redis://127.0.0.1:{args.redis_port}/0",
             "redis_failure": "open",
             "outbox_path": str(work / "redis-outbox.sqlite3"),
         }
-        if redis is not None
-        else {"kind": "sqlite", "path": str(db)}
-    )
-    port = free_port()
     (work / "policy.yaml").write_text("version: 1\n")
+    pool = {"name": "interactive", "models": [args.model], "backends": engines, "health_interval_s": 0.25}
     config = {
         "listen": {"host": "127.0.0.1", "port": port},
         "policy_path": str(work / "policy.yaml"),
@@ -333,60 +388,87 @@ async def run_store(
         "store": store_cfg,
         "access_log": True,  # per request what was charged: the breakdown by fate
         "tenants": [{"id": t, "keys": [f"og-bench-{t}-key-0123456789"]} for t in TENANTS],
-        "pools": [{"name": "interactive", "models": [MODEL], "backends": sims, "health_interval_s": 0.25}],
+        "pools": [pool],
     }
-    (work / f"gw-{store}.yaml").write_bytes(orjson.dumps(config))
+    return orjson.dumps(config)
+
+
+async def run_store(
+    args: argparse.Namespace, store: str, procs: Procs, engines: list[str]
+) -> tuple[list[str], bool]:
+    work = procs.workdir
+    db = work / f"{store}-tenants.sqlite3"
+    redis = _Redis(procs) if store == "redis" else None
+    args.redis_port = redis.port if redis is not None else 0
+    port = free_port()
+    (work / f"gw-{store}.yaml").write_bytes(_gateway_config(args, store, work, port, engines))
     name = f"gateway-{store}"
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(work / f"gw-{store}.yaml")]
     procs.start(name, [*argv, "--log-level", "info"])
     wait_http(port, "/readyz", 60, procs, name)
     url = f"http://127.0.0.1:{port}"
     tallies = {t: Tally() for t in TENANTS}
-    deadline = time.monotonic() + args.duration
-    load = [
-        _tenant(url, t, deadline, args.clients, args.seed * 100 + i, tallies[t])
-        for i, t in enumerate(TENANTS)
-    ]
-    results = await asyncio.gather(_faults(args, sims, store, redis, db, procs), *load)
-    counters = await _settled(url, sims)
-    engines = await _work(sims)
-    lines = [f"store {store}: " + "; ".join(results[0])]
+    simulated = not args.url
+    # the simulator tells tenants apart (its account by request id): they run at once; a real engine's
+    # counters cannot, so each tenant has the engine to itself for its turn
+    turns = [list(TENANTS)] if simulated else [[t] for t in TENANTS]
+    counted: dict[str, int] = {}  # a turn's growth of the engines' counters, by its only tenant
+    done: list[str] = []
+    counters: dict[str, float] = {}
+    total_counted = 0
+    for turn in turns:
+        before = await _counted(engines)
+        deadline = time.monotonic() + args.duration
+        work, seed = WORKLOADS[args.workload], args.seed * 100
+        load = [
+            _tenant(url, t, deadline, args.clients, seed + TENANTS.index(t), tallies[t], work, args.model)
+            for t in turn
+        ]
+        results = await asyncio.gather(_faults(args, engines, store, redis, db, procs), *load)
+        assert isinstance(results[0], list)
+        done += results[0]
+        counters = await _settled(url, engines)
+        grown = await _counted(engines) - before
+        total_counted += grown
+        if len(turn) == 1:
+            counted[turn[0]] = grown
+    requests_by_id = await _work(engines) if simulated else {}
+    lines = [f"store {store}: " + "; ".join(dict.fromkeys(done))]
     all_ok = not any(counters.values())
     head = ("tenant", "sent", "ledger req", "charged", "engines", "ratio", "in target")
     lines.append("{:<8} {:>5} {:>10} {:>9} {:>9} {:>6} {:>7}".format(*head))
     totals = [0, 0]  # charged, engines: all tenants together
     async with httpx.AsyncClient(timeout=10, trust_env=False) as client:
         for tenant, tally in tallies.items():
-            usage = (
-                await client.get(
-                    f"{url}/admin/tenants/{tenant}/usage",
-                    params={"days": 2},
-                    headers={"authorization": f"Bearer {ADMIN}"},
-                )
-            ).json()
-            charged = sum(d["input_tokens"] + d["output_tokens"] for d in usage["history"])
-            requests = sum(d["requests"] for d in usage["history"])
-            took = [engines[i] for i in tally.ids if i in engines]
-            engine = sum(_engine_count(w) for w in took)
+            charged, requests, active = await _charged(client, url, tenant)
+            if simulated:
+                engine = sum(_engine_count(requests_by_id[i]) for i in tally.ids if i in requests_by_id)
+            else:
+                engine = counted[tenant]
             ratio = charged / engine if engine else float("nan")
-            within, counted = abs(ratio - 1) <= args.tolerance, requests <= tally.sent
-            ok = within and counted
+            within, counted_once = abs(ratio - 1) <= args.tolerance, requests <= tally.sent
+            ok = within and counted_once
             totals[0] += charged
             totals[1] += engine
-            all_ok = all_ok and counted and (within or args.overall) and usage["concurrent"]["active"] == 0
+            all_ok = all_ok and counted_once and (within or args.overall) and active == 0
             cells = (tenant, tally.sent, requests, charged, engine, f"{ratio:.3f}", "yes" if ok else "NO")
             lines.append(
                 "{:<8} {:>5} {:>10} {:>9} {:>9} {:>6} {:>7}".format(*cells)
-                + f"   active {usage['concurrent']['active']}, refused {sum(tally.refused.values())}"
+                + f"   active {active}, refused {sum(tally.refused.values())}"
             )
     overall = totals[0] / totals[1] if totals[1] else float("nan")
     overall_ok = abs(overall - 1) <= args.tolerance
-    all_ok = all_ok and overall_ok
-    lines.append(f"all tenants: charged {totals[0]}, engines {totals[1]}, ratio {overall:.3f}")
+    agree = totals[1] == total_counted  # the simulator's account by request id against its counters
+    all_ok = all_ok and overall_ok and agree
+    lines.append(
+        f"all tenants: charged {totals[0]}, engines {totals[1]} (their counters grew {total_counted}), "
+        f"ratio {overall:.3f}"
+    )
     refused = sum((t.refused for t in tallies.values()), Counter[str]())
     lines.append("refused: " + (", ".join(f"{k} ×{n}" for k, n in refused.most_common()) or "none"))
     lines.append("counters at the end: " + ", ".join(f"{k} {v:g}" for k, v in counters.items()))
-    lines += _by_fate(procs.workdir / f"{name}.log", tallies, engines)
+    if simulated:
+        lines += _by_fate(procs.workdir / f"{name}.log", tallies, requests_by_id)
     proc = procs.procs.pop(name)
     proc.terminate()
     proc.wait(10)
@@ -395,13 +477,18 @@ async def run_store(
     return lines, all_ok
 
 
-def _start_sims(args: argparse.Namespace, procs: Procs, store: str) -> list[str]:
-    """Two fresh engines per store: each run's account starts empty."""
+def _start_sims(
+    args: argparse.Namespace, procs: Procs, store: str, model: str = MODEL, cap: int | None = None
+) -> list[str]:
+    """Two fresh engines per store (serving `model`, capped at `cap` running requests if given): each
+    run's account starts empty."""
     sims = []
     for i in range(2):
         port, name = free_port(), f"{store}-sim{i}"
         argv = [sys.executable, "-m", "loadtest.sim", "--host", "127.0.0.1", "--port", str(port)]
-        argv += ["--time-scale", repr(args.time_scale), "--model", MODEL, "--seed", str(i + 1)]
+        argv += ["--time-scale", repr(args.time_scale), "--model", model, "--seed", str(i + 1)]
+        if cap:
+            argv += ["--max-running-requests", str(cap)]
         procs.start(name, argv)
         wait_http(port, "/health", 60, procs, name)
         sims.append(f"http://127.0.0.1:{port}")
@@ -410,11 +497,15 @@ def _start_sims(args: argparse.Namespace, procs: Procs, store: str) -> list[str]
 
 async def main_async(args: argparse.Namespace) -> bool:
     ok = True
+    print(f"workload {args.workload}, {args.clients} clients per tenant, {args.duration:g} s", flush=True)
     with tempfile.TemporaryDirectory(prefix="omnigate-ledger-") as tmp:
         procs = Procs(Path(tmp))
         try:
             for store in args.stores:
-                lines, store_ok = await run_store(args, store, procs, _start_sims(args, procs, store))
+                engines = [u.rstrip("/") for u in args.url] or _start_sims(
+                    args, procs, store, args.model, args.max_running_requests
+                )
+                lines, store_ok = await run_store(args, store, procs, engines)
                 ok = ok and store_ok
                 for line in lines:
                     print(line, flush=True)
@@ -431,6 +522,14 @@ def main() -> None:
     p.add_argument("--time-scale", type=float, default=5.0, help="engines run this much faster than a GPU")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
+        "--workload", choices=sorted(WORKLOADS), default=None, help="default: mixed; text with --url"
+    )
+    p.add_argument("--max-running-requests", type=int, default=None, help="the simulated engines' cap")
+    p.add_argument("--url", action="append", default=[], help="a running SGLang instead of the simulator")
+    p.add_argument(
+        "--model", default=None, help=f"the engines' model name (default {MODEL}; with --url: tiny-llama)"
+    )
+    p.add_argument(
         "--tolerance",
         type=float,
         default=0.02,
@@ -443,6 +542,8 @@ def main() -> None:
     )
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     args = p.parse_args()
+    args.workload = args.workload or ("text" if args.url else "mixed")
+    args.model = args.model or ("tiny-llama" if args.url else MODEL)
     ok = asyncio.run(main_async(args))
     if args.check and not ok:
         sys.exit(1)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -38,8 +39,10 @@ from gateway.speech.events import SPEECH_FORMAT_HEADERS, SPEECH_HEADERS, read_js
 from gateway.speech.meter import SpeechMeter
 from gateway.speech.pcm import PcmFormat
 from gateway.sse import SSERelay, error_event, leading_error, whole_answer_tokens
+from gateway.stream_end import read_to_usage, reported_usage
 from gateway.tenants.charge import infer, left_waiting
 from gateway.ticket import Outcome, Ticket, Usage
+from gateway.upstream import Response
 
 if TYPE_CHECKING:
     from gateway.admission.scheduler import Lease
@@ -110,6 +113,18 @@ def _pace(backend: BackendState, ticket: Ticket) -> None:
     elif tokens and ticket.prefill is not None and ticket.finished_at is not None:
         prefilled = ticket.prefill.at + ticket.prefill.seconds
         backend.progress.answered((ticket.finished_at - prefilled) / tokens)
+
+
+Kept = list[tuple["asyncio.Future[Response]", Callable[[], None]]]
+
+
+def _keeper(into: Kept) -> Callable[[asyncio.Future[Response], Callable[[], None]], None]:
+    """Where open_upstream hands an exchange its client left: the request is ended and read on."""
+
+    def keep(pending: asyncio.Future[Response], drop: Callable[[], None]) -> None:
+        into.append((pending, drop))
+
+    return keep
 
 
 def _int(value: str | None) -> int:
@@ -280,7 +295,9 @@ class CompletionEndpoint:
                 lease = await scheduler.acquire(ticket, exclude=exclude, requeued=requeued)
             backend = lease.backend
             owner = self.gw.pools[backend.pool]  # differs from `pool` when an idle backend is lent
+            ticket.engine_rid = owner.kind.name_request(body, ticket)
             payload = owner.kind.payload(body, lease.engine_priority)
+            kept: Kept = []  # the exchange, if its client left before the first byte
             ticket.backend = backend.name
             ticket.dispatched_at = self.gw.clock()
             ticket.reached_engine = False  # until its body is out (open_upstream's `sent`): then charged
@@ -302,6 +319,7 @@ class CompletionEndpoint:
                         deadlines,
                         stream=ticket.stream,
                         sent=functools.partial(self._sent, ticket, backend),
+                        keep=_keeper(kept) if ticket.engine_rid is not None else None,
                     )
                     refused = leading_error(upstream.first) if ticket.stream else None
                     if refused is not None:  # refused inside its 200 before any output: as if before it
@@ -338,11 +356,15 @@ class CompletionEndpoint:
                     continue
                 ticket.outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
                 if isinstance(e, UpstreamTimeout):  # the gateway gave up: charged as a client that left
+                    if kept:
+                        await self._end_unopened(ticket, owner, backend, *kept.pop())
                     delay = owner.config.abort_delay_s
                     left_waiting(ticket, backend.progress, self.gw.clock(), owner.kind.runs_on(ticket), delay)
                 raise verdict.error from None
             except BaseException as e:
                 if isinstance(e, asyncio.CancelledError):  # the client left before the first byte
+                    if kept:
+                        await self._end_unopened(ticket, owner, backend, *kept.pop())
                     delay = owner.config.abort_delay_s
                     left_waiting(ticket, backend.progress, self.gw.clock(), owner.kind.runs_on(ticket), delay)
                 owner.record_no_verdict(backend, ticket.dispatched_at)
@@ -350,6 +372,8 @@ class CompletionEndpoint:
                 raise
             finally:
                 lease.disarm()
+                for _, drop in kept:  # not ended (a retry, a revoked loan): closing aborts it
+                    drop()
             if revocable is not None and revocable.cancelled_caught:
                 ticket.reached_engine = False  # the gateway took it back: its choice, not the tenant's
                 owner.record_no_verdict(backend, ticket.dispatched_at)
@@ -373,6 +397,27 @@ class CompletionEndpoint:
         ticket.reached_engine = True
         now = self.gw.clock()
         backend.progress.sent(ticket, now, self.gw.schedulers[backend.pool].rate.nominal(now))
+
+    async def _end_unopened(
+        self,
+        ticket: Ticket,
+        owner: Pool,
+        backend: BackendState,
+        pending: asyncio.Future[Response],
+        drop: Callable[[], None],
+    ) -> None:
+        """The client left before the answer's first byte: end the request on the engine and charge the
+        usage it closes with (none for one it dropped from its queue); none in time: the guess."""
+        relay = SSERelay(False)
+        try:
+            rid, whole = ticket.engine_rid or "", not ticket.stream
+            status = await read_to_usage(owner, backend.url, rid, pending, relay, self.gw.clock, whole)
+        finally:
+            drop()
+        if status is not None and status != 200:  # refused by the engine (an error status): it did nothing
+            ticket.reached_engine = False
+        elif relay.usage is not None:
+            ticket.usage = reported_usage(relay.usage)
 
     def _failed(self, ticket: Ticket, pool: Pool, lease: Lease, e: UpstreamError) -> ApiError:
         """A relay that ended without its answer: the outcome and the circuit as the backend's kind judges
@@ -556,6 +601,12 @@ class CompletionEndpoint:
             cut = self._failed(ticket, pool, lease, e)
             await ex.finish(relay.flush() + error_event(cut.message, cut.status))
         finally:
+            owner = self.gw.pools[lease.backend.pool]
+            left = ex.disconnected or ticket.outcome == Outcome.TIMEOUT
+            if left and relay.usage is None and not relay.done and ticket.engine_rid is not None:
+                got: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+                got.set_result(upstream.response)
+                await read_to_usage(owner, lease.backend.url, ticket.engine_rid, got, relay, clock)
             ticket.first_token_at = relay.first_token_at
             ticket.last_token_at = relay.last_token_at
             meter = relay.audio
@@ -563,16 +614,6 @@ class CompletionEndpoint:
             ticket.rtf, ticket.audio_stalls = meter.rtf, meter.stalls
             ticket.finished_at = self.gw.clock()
             if relay.usage is not None:
-                ticket.usage = Usage(
-                    int(relay.usage.get("prompt_tokens") or 0), int(relay.usage.get("completion_tokens") or 0)
-                )
-            else:  # cut short, or a backend that never sends usage: charge what was relayed
-                answer = relay.answer_tokens()
-                if ticket.outcome == Outcome.PENDING and relay.last_token_at is not None:
-                    # the client left: and what the engine decoded after the last token relayed until it
-                    # stopped the request, within its max_tokens
-                    stop = ticket.finished_at + self.gw.pools[lease.backend.pool].config.abort_delay_s
-                    decoded = answer + progress.decoded(relay.last_token_at, stop)
-                    cap = ticket.cost.max_output_tokens or decoded
-                    answer = max(answer, min(decoded, cap))
-                infer(ticket, answer)
+                ticket.usage = reported_usage(relay.usage)
+            else:  # cut short, or the engine did not say in time: what was relayed, no more
+                infer(ticket, relay.answer_tokens())

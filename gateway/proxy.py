@@ -227,11 +227,14 @@ async def open_upstream(
     *,
     stream: bool,
     sent: Callable[[], None] | None = None,
+    keep: Callable[[asyncio.Future[Response], Callable[[], None]], None] | None = None,
 ) -> OpenUpstream:
     """POST and wait for the first body bytes (streaming) or the whole body (non-streaming). `sent` is
     called once the request's body is written to the backend's connection: from then the engine has the
     request, and runs its prefill even if the gateway hangs up at once (a server notices a closed
-    connection only when it next writes or polls)."""
+    connection only when it next writes or polls). Cancelled, the exchange goes to `keep` — the response
+    (to come), and how to drop its connection — instead of being dropped: the caller ends the request on
+    the backend and reads on."""
     start = time.monotonic()
     deadline = start + deadlines.total
     wait = min(deadlines.first_byte, deadlines.total) if stream else deadlines.total
@@ -244,6 +247,7 @@ async def open_upstream(
                 {**headers, **_FIXED_HEADERS},
                 connect_timeout=deadlines.connect,
                 sent=sent,
+                keep=keep,
             )
             if response.status != 200:
                 raise UpstreamStatusError(response.status, await response.read())
@@ -264,6 +268,14 @@ async def open_upstream(
         _close(response)
         late = FirstByteTimeout if stream else TotalTimeout
         raise late(f"Backend did not answer within {wait:g} s.") from None
+    except asyncio.CancelledError:
+        if keep is not None and response is not None and response.status == 200:
+            got: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+            got.set_result(response)
+            keep(got, response.close)
+        else:
+            _close(response)
+        raise
     except BaseException:
         _close(response)
         raise

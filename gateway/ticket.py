@@ -116,6 +116,7 @@ class Ticket:
     usage_inferred: str | None = None  # why `usage` was inferred (charge.py's reasons); None: the engine's
     reached_engine: bool = False  # the last attempt may have run on the engine (it is charged)
     prefill: Prefill | None = None  # the engine's predicted prefill of the last attempt (progress.py)
+    engine_rid: str | None = None  # the id the engine can end the last attempt by (its kind's `end`)
     outcome: Outcome = Outcome.PENDING
     error_code: str | None = None
     error: str | None = None  # what went wrong, for the access log and failure alerts

@@ -285,9 +285,12 @@ class Upstream:
         *,
         connect_timeout: float,
         sent: Callable[[], None] | None = None,
+        keep: Callable[[asyncio.Future[Response], Callable[[], None]], None] | None = None,
     ) -> Response:
         """Send `body` to `url` and return once the response's status and headers arrived. `sent` is
-        called once the request is written to the connection (from then the backend has it)."""
+        called once the request is written to the connection (from then the backend has it). Cancelled
+        while waiting, the exchange goes on and goes to `keep` (the response to come, and how to drop the
+        connection) instead of being dropped."""
         key, head = _target(url)
         data = b"%s%scontent-length: %d\r\n\r\n%s" % (head, _header_lines(headers), len(body), body)
         conn = self._reuse(key) or await self._connect(key, connect_timeout)
@@ -295,7 +298,13 @@ class Upstream:
         if sent is not None:
             sent()
         try:
-            return await ready
+            return await (ready if keep is None else asyncio.shield(ready))
+        except asyncio.CancelledError:
+            if keep is None:
+                conn.drop()
+            else:
+                keep(ready, conn.drop)
+            raise
         except BaseException:
             conn.drop()  # cancelled or broken: a connection mid-exchange is never reused
             raise

@@ -165,9 +165,9 @@ class Generator:
         req = handle.req
         if req.error is not None:
             return error_response(req.error.status, req.error.message)
-        if req.finish_reason == "abort" or not finished:
+        if not finished:  # the client left: nobody reads an answer
             return error_response(400, "The request was aborted.")
-        return json_response(self._body(call, req))
+        return json_response(self._body(call, req))  # ended by `/abort_request`: 200, finish_reason abort
 
     def _body(self, call: Call, req: SimRequest) -> dict[str, Any]:
         text = output_text(0, req.generated)
@@ -175,7 +175,7 @@ class Generator:
         if call.kind == "generate":
             return _native_chunk(req, req.generated)
         return ChunkFactory(req.rid, call.model, call.kind == "chat").complete(
-            text, finish, req.prompt_tokens, req.generated
+            text, finish, _counted_prompt(req), req.generated
         )
 
     async def _drain(self, handle: Handle) -> None:
@@ -208,17 +208,21 @@ class Generator:
                     raise DroppedConnection
             if req.error is not None:
                 yield stream_error(req.error.message, req.error.status)
-            elif req.finish_reason == "abort":
-                yield stream_error("The request was aborted.", 400)
-            elif call.kind != "generate":
+            elif call.kind != "generate":  # an `/abort_request` ends it cleanly too: finish_reason "abort"
                 yield chunks.finish_chunk(req.finish_reason or "stop")
                 if call.include_usage:
-                    yield chunks.usage_chunk(req.prompt_tokens, req.generated)
+                    yield chunks.usage_chunk(_counted_prompt(req), req.generated)
             yield SSE_DONE
         finally:
             if req.finished_at is None:
                 self.runner.abort(req.rid)
             self.runner.release(handle)
+
+
+def _counted_prompt(req: SimRequest) -> int:
+    """The prompt a usage reports: none for a request aborted before its prefill started (SGLang 0.5.23's
+    usage for a request `/abort_request` ended while it waited is 0 prompt, 0 completion tokens)."""
+    return req.prompt_tokens if req.admitted_at is not None or req.finish_reason != "abort" else 0
 
 
 def _native_chunk(req: SimRequest, total: int) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """SGLang's Prometheus metrics, on a registry of this app's own (several sims may share a process).
 
-Gauges are refreshed from the engine at scrape time; counters and histograms are fed per step, in
-virtual seconds, so a scraper sees the same numbers a real engine with that schedule would report.
+Gauges are refreshed from the engine at scrape time; histograms are fed per step, in virtual seconds, so a
+scraper sees the same numbers a real engine with that schedule would report. The prompt and generation
+token counters grow when a request ends, by its whole prompt (once its prefill started) and every token it
+generated, as SGLang 0.5.23 counts them; a request aborted while it still waited leaves no trace.
 """
 
 from __future__ import annotations
@@ -136,8 +138,6 @@ class SimMetrics:
                     self.queue_time.labels(**tok).observe(req.admitted_at - req.arrival)
             elif len(req.token_times) >= 2:
                 self.itl.labels(**tok).observe(req.token_times[-1] - req.token_times[-2])
-        self.generation_tokens.labels(**tok).inc(len(result.emitted))
-        self.prompt_tokens.labels(**tok).inc(result.prefill_tokens)
         if result.retracted:
             self.retracted_total.labels(**self._sched).inc(len(result.retracted))
         for req in result.finished:
@@ -149,11 +149,19 @@ class SimMetrics:
                 self.on_finished(req)
 
     def on_finished(self, req: SimRequest) -> None:
-        self.requests.labels(**self._tok).inc()
+        tok = self._tok
+        self.requests.labels(**tok).inc()
+        if req.admitted_at is not None:
+            self.prompt_tokens.labels(**tok).inc(req.prompt_tokens)
+        self.generation_tokens.labels(**tok).inc(req.generated)
         if req.finished_at is not None:
-            self.e2e.labels(**self._tok).observe(req.finished_at - req.arrival)
+            self.e2e.labels(**tok).observe(req.finished_at - req.arrival)
 
-    def on_aborted(self, req: SimRequest) -> None:
+    def on_aborted(self, req: SimRequest, by_client: bool = False) -> None:
+        """An aborted request; one its client ended (a disconnect, `/abort_request`) before its prefill
+        started leaves no trace, as SGLang drops it from the waiting queue unseen."""
+        if by_client and req.admitted_at is None:
+            return
         self.aborted.labels(**self._tok).inc()
         self.on_finished(req)
 

@@ -98,7 +98,7 @@ class EngineRunner:
         req = self.engine.abort(rid)
         if req is None:
             return False
-        self.metrics.on_aborted(req)
+        self.metrics.on_aborted(req, by_client=True)
         if handle is not None:
             handle.changed.set()
         return True

@@ -115,6 +115,23 @@ def test_transport_failures_are_the_backends_fault(error, status: int, code: Err
     assert (verdict.error.status, verdict.error.code, verdict.error.message) == (status, code, error.message)
 
 
+@pytest.mark.parametrize(("endpoint", "prefix"), [("chat", "chatcmpl-"), ("completions", "cmpl-")])
+def test_each_attempt_gets_a_rid_of_the_gateways_own(endpoint: str, prefix: str) -> None:
+    kind, ticket = _sglang(), Ticket(id="r", model="m", stream=False, arrival=0.0, endpoint=endpoint)
+    body = {"model": "m", "rid": "a-clients-own"}
+    first = kind.name_request(body, ticket)
+    assert first is not None and first.startswith(prefix) and len(first) == len(prefix) + 32
+    assert body["rid"] == first and orjson.loads(kind.payload(body, 0))["rid"] == first
+    second = kind.name_request(body, ticket)  # a retry is another request to its engine
+    assert second is not None and second != first and body["rid"] == second
+
+
+def test_an_embedding_gets_no_rid_and_keeps_no_clients_own() -> None:
+    ticket = Ticket(id="r", model="m", stream=False, arrival=0.0, endpoint="embeddings")
+    body = {"model": "m", "input": "x", "rid": "a-clients-own"}
+    assert _sglang().name_request(body, ticket) is None and "rid" not in body
+
+
 def test_capacity_is_one_engine_stage_limited_by_what_the_server_reported() -> None:
     kind = _sglang()
     state = BackendState(url="http://b:1", pool="p")

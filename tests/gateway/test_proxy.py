@@ -77,6 +77,7 @@ def test_client_disconnect_cancels_upstream_within_a_second(start_backend, start
     wait_for(lambda: backend.record.aborted, timeout=3)
     assert [rid for rid, _ in backend.record.aborted] == ["cut-1"]
     assert backend.record.aborted[0][1] - closed_at < 1.0
+    assert backend.record.ended == [backend.record.received[0]["rid"]]  # ended by its rid, not a hang-up
 
     def active() -> int:
         state = httpx.get(f"{gw.url}/admin/state", headers={"authorization": f"Bearer {ADMIN}"}).json()

@@ -43,6 +43,7 @@ class SilentBackend:
     def __init__(self) -> None:
         self.started = 0
         self.hung_up = 0
+        self.ended = 0  # `/abort_request` calls: the gateway asks it to end what it left, then hangs up
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -51,7 +52,8 @@ class SilentBackend:
                 await send({"type": f"lifespan.{phase}.complete"})
                 if phase == "shutdown":
                     return
-        if scope["method"] == "GET":
+        if scope["method"] == "GET" or scope["path"] == "/abort_request":  # an end it does not act on
+            self.ended += scope["path"] == "/abort_request"
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"{}" if "info" in scope["path"] else b""})
             return
@@ -141,3 +143,4 @@ def test_client_leaving_a_whole_request_hangs_up_on_the_backend(start_gateway, p
             client.sendall(head.encode() + body)
             assert wait_for(lambda: backend.started == 1)
         assert wait_for(lambda: backend.hung_up == 1)
+        assert backend.ended >= 1  # asked to end it by its rid first (SGLang answers with its usage)

@@ -26,12 +26,14 @@ class Behaviour:
     dp_ranks: int = 1  # data-parallel ranks the metrics and /server_info report
     # the settings routes it has: 0.5.9 serves both, older servers only the second
     info_routes: tuple[str, ...] = ("/server_info", "/get_server_info")
+    ends_on_abort: bool = True  # `/abort_request` ends a stream as SGLang 0.5.23 (False: it is ignored)
 
 
 @dataclass
 class Record:
     received: list[dict[str, Any]] = field(default_factory=list)
     aborted: list[tuple[str, float]] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)  # rids asked to end (`/abort_request`)
     completed: int = 0
     info_calls: dict[str, int] = field(default_factory=dict)  # settings route → times asked
     metrics_calls: int = 0
@@ -143,6 +145,8 @@ def make_app(
         data = expected_stream(cid, model, tokens, include_usage, prompt_tokens)
         events = [e + b"\n\n" for e in data.split(b"\n\n")[:-1]]
 
+        engine_rid = body.get("rid")
+
         async def gen() -> AsyncIterator[bytes]:
             finished = False
             try:
@@ -151,6 +155,13 @@ def make_app(
                         raise RuntimeError("scripted mid-stream drop")
                     if i > 0 and b.token_delay:
                         await anyio.sleep(b.token_delay)
+                    if b.ends_on_abort and engine_rid is not None and engine_rid in rec.ended:
+                        yield chunk(cid, model, {"content": None}, finish="abort")  # then its usage
+                        used = {"prompt_tokens": prompt_tokens, "completion_tokens": i - 1}
+                        if include_usage:
+                            yield chunk(cid, model, None, usage=used, choices=False)
+                        yield b"data: [DONE]\n\n"
+                        return
                     yield event
                 finished = True
                 rec.completed += 1
@@ -200,8 +211,13 @@ def make_app(
 
         return answer
 
+    async def abort_request(request: Request) -> Response:
+        rec.ended.append(orjson.loads(await request.body()).get("rid"))
+        return Response(status_code=200)
+
     app = Starlette(
         routes=[
+            Route("/abort_request", abort_request, methods=["POST"]),
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", chat, methods=["POST"]),
             Route("/health", health),

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pytest
 
 from gateway.backends.progress import EngineProgress
 from gateway.estimate.text import estimate_text_tokens
 from gateway.sse import SSERelay, whole_answer_tokens
+from gateway.stream_end import reported_usage
 from gateway.tenants.charge import Inferred, billable, infer, left_waiting
 from gateway.ticket import Cost, Outcome, Prefill, Ticket, Usage
 
@@ -49,6 +52,29 @@ def test_an_inferred_charge_says_why(outcome: Outcome, reason: Inferred) -> None
     t = _ticket(outcome)
     assert infer(t, 17) == Usage(1000, 17) and t.usage_inferred == reason
     assert billable(t) == Usage(1000, 17)  # inferred once; billable keeps it
+
+
+def test_a_guessed_prompt_is_the_lesser_of_the_price_and_the_engines_predicted_count() -> None:
+    over, under = _ticket(Outcome.CANCELLED), _ticket(Outcome.CANCELLED)
+    over.prefill = Prefill(1, 0.0, 0.1, 1200)  # the engine counts prompts of its kind above our price
+    under.prefill = Prefill(1, 0.0, 0.1, 800)
+    assert infer(over, 3) == Usage(1000, 3) and infer(under, 3) == Usage(800, 3)
+
+
+@pytest.mark.parametrize(
+    ("usage", "charged"),
+    [
+        ({"prompt_tokens": 26, "completion_tokens": 108, "total_tokens": 134}, Usage(26, 108)),
+        ({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}, Usage(0, 0)),  # left the queue
+        ({"prompt_tokens": 900, "completion_tokens": 0}, Usage(900, 0)),  # ended within its prefill
+        ({"prompt_tokens": None, "completion_tokens": 5}, Usage(0, 5)),
+        ({"prompt_tokens": "12", "completion_tokens": -3}, Usage(0, 0)),
+    ],
+)
+def test_an_ended_request_is_charged_the_usage_the_engine_reported(
+    usage: dict[str, Any], charged: Usage
+) -> None:
+    assert reported_usage(usage) == charged
 
 
 def _chunk(content: str) -> bytes:
@@ -155,15 +181,19 @@ def test_a_request_is_let_off_only_if_its_batch_would_wait_even_as_early_as_rece
     assert progress.reached(again, 20.95)  # the batch ahead may have ended by now
 
 
-def test_an_inferred_prompt_is_counted_as_the_engine_counts_prompts_of_its_kind() -> None:
+def test_an_inferred_prompt_is_counted_as_the_engine_counts_prompts_of_its_kind_at_most_our_price() -> None:
     progress = EngineProgress()
-    progress.counted("text", 1000, 1100)
-    progress.counted("text", 1000, 1200)  # the ratio follows recent answers
+    progress.counted("text", 1000, 900)
+    progress.counted("text", 1000, 800)  # the ratio follows recent answers
     progress.counted("single_image", 0, 500)  # nothing priced: no sample
-    assert progress.prompt_ratio == {"text": pytest.approx(1.12)}
+    assert progress.prompt_ratio == {"text": pytest.approx(0.88)}
     left = _sent(progress, 10.0)
     left_waiting(left, progress, 10.5, runs_on=False)
-    assert left.usage == Usage(1120, 0)
+    assert left.usage == Usage(880, 0)
+    progress.prompt_ratio["text"] = 1.12  # the engine counts more than we priced: the guess is our price
+    above = _sent(progress, 30.0)
+    left_waiting(above, progress, 30.5, runs_on=False)
+    assert above.usage == Usage(1000, 0)
     other = Ticket(
         id="i", model="m", stream=True, arrival=0.0, cost=Cost(vision_tokens=800), bucket="single_image"
     )

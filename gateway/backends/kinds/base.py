@@ -8,7 +8,9 @@ from the pool's config (`gateway.backends.kinds.adapter_for`). An adapter owns w
   signals a backend has not given are named (`missing_signals`, shown on `/admin/state`);
 - error mapping (`judge`): what an upstream failure means — try another backend? the backend's fault (the
   circuit breaker counts it)? an overload answer? the client's fault? — and the OpenAI error the client gets;
-- cancellation (`runs_on`): whether the server stops a request when its connection closes;
+- cancellation (`runs_on`): whether the server stops a request when its connection closes; ending one
+  cleanly (`name_request`, `end`): a server that can end a request by an id the gateway gave it finishes its
+  stream with the usage so far, so a departed client is charged the engine's own count;
 - capacity (`capacity`, `stages_of`): the stages a backend's work passes through, each with its limit and
   unit, and which of them one request holds while it runs. Plain SGLang is one stage, `engine`; a staged
   server (SGLang-Omni) lists e.g. `encoder`, `thinker`, `talker`, `code2wav` in pipeline order, so
@@ -30,6 +32,7 @@ from gateway.backends.state import BackendState
 from gateway.errors import ApiError, ErrorCode
 from gateway.proxy import UpstreamError
 from gateway.ticket import Ticket
+from gateway.upstream import Upstream
 
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 """Every health check and scrape: a backend too slow to answer one in time counts as unhealthy."""
@@ -187,6 +190,17 @@ class BackendKind(abc.ABC):
     def runs_on(self, ticket: Ticket) -> bool:
         """Whether the server goes on running this request after the gateway closes its connection (a
         client that left, a deadline): then its capacity stays charged (`gateway/backends/holds.py`)."""
+
+    def name_request(self, body: dict[str, Any], ticket: Ticket) -> str | None:
+        """Give this attempt an id the server can `end` it by (set in `body`), or None: it has no such way
+        for this request, and closing the connection is how it is stopped."""
+        return None
+
+    async def end(self, client: Upstream, url: str, rid: str) -> None:
+        """Ask the server at `url` to end request `rid` now; its stream then finishes with the usage so far.
+        Never raises for a failed call: the stream's deadline still bounds the wait. Called only for an id
+        `name_request` gave."""
+        raise NotImplementedError(f"{self.name} backends cannot end a request by its id")
 
     def ends_with_text(self, ticket: Ticket) -> bool:
         """Whether the request's work on the server ends with its last text token, so that its stream's

@@ -11,11 +11,16 @@ SGLang does not read: their items become content parts (`shapes.py`).
 Errors: SGLang answers a bad request with a 4xx; a 5xx is the server's own failure, so another backend may
 serve the request and the circuit counts it; 429 and 503 are overload answers. Closing the connection
 aborts the request in the engine (SGLang's handler watches for the disconnect), so a lease can end with it.
+Ending: each chat or completion attempt carries a `rid` of the gateway's (the response's `id` is it);
+`POST /abort_request {"rid"}` ends it: a stream finishes with `finish_reason: "abort"` and the usage the
+engine counted (SGLang 0.5.23: ~20 ms later), a whole answer comes back as a 200 with it — what a departed
+client is charged.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +44,7 @@ from gateway.backends.state import BackendState
 from gateway.config import PoolConfig
 from gateway.proxy import UpstreamError, UpstreamStatusError
 from gateway.ticket import Ticket
+from gateway.upstream import Upstream, UpstreamIOError
 
 log = logging.getLogger("omnigate.backends")
 
@@ -46,6 +52,8 @@ RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 OVERLOAD_STATUS = frozenset({429, 503})
 ENGINE = "engine"
 _ENGINE_ONLY = (ENGINE,)
+_RID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-"}  # as SGLang names its own responses
+_END_CONNECT_S = 0.5
 
 
 class SGLang(BackendKind):
@@ -111,6 +119,29 @@ class SGLang(BackendKind):
                 client_fault=400 <= status < 500 and status != 429,
             )
         return exchange_failed(error)
+
+    def name_request(self, body: dict[str, Any], ticket: Ticket) -> str | None:
+        prefix = _RID_PREFIX.get(ticket.endpoint)
+        if prefix is None:
+            body.pop("rid", None)  # the gateway's to set: a client's own could end another's request
+            return None
+        rid = body["rid"] = prefix + uuid.uuid4().hex
+        return rid
+
+    async def end(self, client: Upstream, url: str, rid: str) -> None:
+        try:
+            response = await client.post(
+                url + "/abort_request",
+                orjson.dumps({"rid": rid}),
+                {"content-type": "application/json"},
+                connect_timeout=_END_CONNECT_S,
+            )
+            try:
+                await response.read()
+            finally:
+                response.close()
+        except (UpstreamIOError, TimeoutError) as e:
+            log.debug("abort_request %s on %s failed: %s", rid, url, e)
 
     def runs_on(self, ticket: Ticket) -> bool:
         return False  # the handler aborts the request in the engine when the connection closes
