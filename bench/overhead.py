@@ -54,11 +54,13 @@ from _servers import (
     Procs,
     cpu_seconds,
     litellm_exe,
+    smg_exe,
     start_backend,
     start_litellm,
     start_nginx,
     start_omnigate,
     start_redis,
+    start_smg,
 )
 
 PATH = "/v1/chat/completions"
@@ -81,7 +83,7 @@ def default_policy() -> str:
     return yaml.safe_dump(policy)
 
 
-OPTIONAL = ("omnigate+log", "default", "default·redis", "default·redis×2", "litellm")
+OPTIONAL = ("omnigate+log", "default", "default·redis", "default·redis×2", "litellm", "smg")
 
 Result = dict[str, Any]
 Results = dict[tuple[str, str, str], Result]
@@ -127,6 +129,12 @@ def start_targets(procs: Procs, args: argparse.Namespace, policy: str) -> list[T
         else:
             port = start_litellm(procs, backend, exe)
             targets.append(Target("litellm", port, ("litellm",), LITELLM_KEY, exact=False, fixed_rate=False))
+    if "smg" in want:
+        exe = smg_exe(args.smg)
+        if exe is None:
+            print("smg not found (pip install smg, or --smg PATH): measuring without it.", file=sys.stderr)
+        else:
+            targets.append(Target("smg", start_smg(procs, backend, exe), ("smg",)))
     port = start_omnigate(procs, "omnigate", backend, access_log=False, policy=policy)
     targets.append(Target("omnigate", port, ("omnigate",)))
     if "omnigate+log" in want:
@@ -296,6 +304,62 @@ def summary(results: Results, rate: float) -> list[str]:
     return lines
 
 
+PEERS = ("nginx", "smg", "litellm", "default@base", "default")
+CHUNK_NOISE = 1.05  # "no worse" for CPU per chunk: within 5 %, a shared box's spread between two rows
+
+
+def _peer_figures(results: Results) -> dict[str, tuple[float, float, float, float]]:
+    """Per target: CPU µs per whole request and added p50 ms at one connection, max whole req/s, CPU µs per
+    streamed chunk (the max cell's CPU per stream over its chunks)."""
+    figures = {}
+    d1 = results.get(("one conn", "whole", "direct"))
+    for name in PEERS:
+        mw, ms = results.get(("max", "whole", name)), results.get(("max", "stream", name))
+        o1 = results.get(("one conn", "whole", name))
+        if mw and ms and o1 and d1:
+            added = (o1["p50"] - d1["p50"]) * 1000
+            figures[name] = (mw["proxy_us"], added, mw["rps"], ms["proxy_us"] / STREAM_CHUNKS)
+    return figures
+
+
+def peer_lines(results: Results) -> list[str]:
+    """Issue 42's yardstick: the default policy with a tenant key beside nginx, smg and LiteLLM, and its
+    targets: CPU per whole request and added p50 at one connection ≤ 2× smg's, CPU per streamed chunk no
+    worse than the baseline's (`--baseline-src`)."""
+    figures = _peer_figures(results)
+    if "default" not in figures:
+        return []
+    lines = [
+        "| target | CPU µs / whole request | added p50 ms, one conn | max req/s, 32 conns | CPU µs / chunk |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, (cpu, added, rps, chunk) in figures.items():
+        lines.append(f"| {name} | {cpu:.0f} | {added:.2f} | {rps:.0f} | {chunk:.1f} |")
+    cpu, added, rps, chunk = figures["default"]
+    for peer in ("smg", "nginx"):
+        if peer in figures:
+            p_cpu, p_added, p_rps, p_chunk = figures[peer]
+            lines.append(
+                f"default/{peer}: CPU per whole request {cpu / p_cpu:.2f}×, "
+                f"added p50 {added / p_added:.2f}×, max req/s {rps / p_rps:.2f}×, "
+                f"CPU per chunk {chunk / p_chunk:.2f}×"
+            )
+    if "smg" in figures:
+        p_cpu, p_added = figures["smg"][:2]
+        lines.append(f"CPU per whole request ≤ 2× smg's: {_verdict(cpu <= 2 * p_cpu)} ({cpu / p_cpu:.2f}×)")
+        ok = added <= 2 * p_added
+        lines.append(f"added p50, one conn ≤ 2× smg's: {_verdict(ok)} ({added / p_added:.2f}×)")
+    if "default@base" in figures:
+        b_cpu, b_chunk = figures["default@base"][0], figures["default@base"][3]
+        ok = chunk <= CHUNK_NOISE * b_chunk
+        lines.append(
+            f"CPU per streamed chunk no worse than the baseline's: {_verdict(ok)} ({chunk:.1f} against "
+            f"{b_chunk:.1f} µs, {chunk / b_chunk:.2f}×; within {CHUNK_NOISE:g}× counts); "
+            f"CPU per whole request {cpu / b_cpu:.2f}× the baseline's"
+        )
+    return lines
+
+
 def _default_policy_lines(kind: str, results: Results, top: dict[str, Result]) -> list[str]:
     """Issue 19's targets for the default policy with a tenant key (whole requests; streams for reading)."""
     lines = []
@@ -422,6 +486,8 @@ def run(args: argparse.Namespace) -> int:
                 if r["errors"]:
                     print(f"errors in {mode} {kind} {name}: {r['error_statuses']}")
             print("\n".join(summary(results, args.rate)))
+            print()
+            print("\n".join(peer_lines(results)))
             if any(not t.fixed_rate for t in targets):
                 print(f"litellm has no fixed-rate rows: its max req/s is far below {args.rate:g}.")
             print()
@@ -453,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         "(default: all)",
     )
     parser.add_argument("--litellm", help="the `litellm` executable (default: beside this python, or PATH)")
+    parser.add_argument("--smg", help="the `smg` executable (default: beside this python, or PATH)")
     parser.add_argument(
         "--policy",
         help="policy file for the omnigate row (default: admission stages that never hold or shed)",
