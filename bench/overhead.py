@@ -1,4 +1,4 @@
-"""What does omnigate add on top of a backend, next to nginx and LiteLLM doing the same proxying?
+"""What does omnigate add on top of a backend, next to nginx, smg and LiteLLM doing the same proxying?
 
 One run starts a zero-latency SGLang-like backend, nginx (one worker, no buffering, keep-alive upstream),
 LiteLLM's proxy (one worker, if installed) and omnigate several ways, each in its own process on loopback,
@@ -11,6 +11,8 @@ plus a load generator in another:
                     the adaptive limit), memory store: what one production process costs
   default·redis     the same on a Redis store (a private redis-server), one worker
   default·redis×2   `serve --workers 2` on that store: two replicas on one port sharing the budgets
+  default·redis×4   `serve --workers 4` likewise
+  smg               Shepherd Model Gateway (Rust), if installed (--smg PATH): the yardstick of issue 42
 
 For non-streaming ("whole") and streaming (100 chunks) chat completions it measures, per target:
 
@@ -83,7 +85,8 @@ def default_policy() -> str:
     return yaml.safe_dump(policy)
 
 
-OPTIONAL = ("omnigate+log", "default", "default·redis", "default·redis×2", "litellm", "smg")
+WORKER_ROWS = (("default·redis", 1), ("default·redis×2", 2), ("default·redis×4", 4))
+OPTIONAL = ("omnigate+log", "default", *(name for name, _ in WORKER_ROWS), "litellm", "smg")
 
 Result = dict[str, Any]
 Results = dict[tuple[str, str, str], Result]
@@ -152,7 +155,7 @@ def start_targets(procs: Procs, args: argparse.Namespace, policy: str) -> list[T
             procs, "default", backend, access_log=False, policy=default, tenant_key=TENANT_KEY
         )
         targets.append(Target("default", port, ("default",), TENANT_KEY))
-    redis_rows = [(name, n) for name, n in (("default·redis", 1), ("default·redis×2", 2)) if name in want]
+    redis_rows = [(name, n) for name, n in WORKER_ROWS if name in want]
     redis_url = start_redis(procs) if redis_rows else None
     if redis_rows and redis_url is None:
         print("redis-server not found (apt-get install -y redis-server): no Redis rows.", file=sys.stderr)
@@ -322,6 +325,31 @@ def _peer_figures(results: Results) -> dict[str, tuple[float, float, float, floa
     return figures
 
 
+def scale_lines(results: Results) -> list[str]:
+    """`serve --workers N` on one Redis: max req/s and CPU per whole request for each N measured, against
+    one worker. Every worker is a process with its own event loop; on a box with fewer free cores than
+    workers (plus the client and the backend) the ratio is the cores', not the workers'."""
+    rows = [(n, results.get(("max", "whole", name))) for name, n in WORKER_ROWS]
+    measured = [(n, r) for n, r in rows if r]
+    if len(measured) < 2 or measured[0][0] != 1:
+        return []
+    one = measured[0][1]
+    cores = len(os.sched_getaffinity(0))
+    lines = []
+    for n, r in measured:
+        lines.append(
+            f"workers {n}: max req/s {r['rps']:.0f} ({r['rps'] / one['rps']:.2f}× one worker), "
+            f"CPU per whole request {r['proxy_us']:.0f} µs (redis-server's included), "
+            f"{r['proxy_cpu'] * 100:.0f} % of a core"
+        )
+    if max(n for n, _ in measured) + 2 > cores:
+        lines.append(
+            f"  ... on {cores} cores shared with the load client and the backend: more workers than free "
+            "cores add processes, not throughput; the CPU per request is the figure to scale by"
+        )
+    return lines
+
+
 def peer_lines(results: Results) -> list[str]:
     """Issue 42's yardstick: the default policy with a tenant key beside nginx, smg and LiteLLM, and its
     targets: CPU per whole request and added p50 at one connection ≤ 2× smg's, CPU per streamed chunk no
@@ -488,6 +516,7 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join(summary(results, args.rate)))
             print()
             print("\n".join(peer_lines(results)))
+            print("\n".join(scale_lines(results)))
             if any(not t.fixed_rate for t in targets):
                 print(f"litellm has no fixed-rate rows: its max req/s is far below {args.rate:g}.")
             print()
