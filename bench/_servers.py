@@ -476,13 +476,14 @@ LITELLM_ENV = {
 }
 
 
-def litellm_exe(given: str | None) -> str | None:
-    """The `litellm` proxy CLI: `given`, else beside this interpreter (`pip install -e '.[litellm]'`),
-    else on PATH; None when none is found."""
+def tool_exe(name: str, given: str | None) -> str | None:
+    """A compared proxy's CLI (`litellm`: `pip install -e '.[litellm]'`; `smg`, a Rust router in a Python
+    wheel: `python3 -m venv /tmp/smg && /tmp/smg/bin/pip install smg`): `given`, else beside this
+    interpreter, else on PATH; None when none is found."""
     if given:
         return given
-    beside = Path(sys.executable).parent / "litellm"
-    return str(beside) if beside.exists() else shutil.which("litellm")
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else shutil.which(name)
 
 
 def start_litellm(procs: Procs, backend_port: int, exe: str) -> int:
@@ -495,16 +496,6 @@ def start_litellm(procs: Procs, backend_port: int, exe: str) -> int:
     procs.start("litellm", argv, env=LITELLM_ENV)
     wait_http(port, "/health/liveliness", 120, procs, "litellm")
     return port
-
-
-def smg_exe(given: str | None) -> str | None:
-    """Shepherd Model Gateway's `smg` CLI (a Rust router in a Python wheel; install it in its own venv:
-    `python3 -m venv /tmp/smg && /tmp/smg/bin/pip install smg`): `given`, else beside this interpreter,
-    else on PATH; None when none is found."""
-    if given:
-        return given
-    beside = Path(sys.executable).parent / "smg"
-    return str(beside) if beside.exists() else shutil.which("smg")
 
 
 def start_smg(procs: Procs, backend_port: int, exe: str) -> int:

@@ -55,14 +55,13 @@ from _servers import (
     WHOLE_BODY,
     Procs,
     cpu_seconds,
-    litellm_exe,
-    smg_exe,
     start_backend,
     start_litellm,
     start_nginx,
     start_omnigate,
     start_redis,
     start_smg,
+    tool_exe,
 )
 
 PATH = "/v1/chat/completions"
@@ -123,7 +122,7 @@ def start_targets(procs: Procs, args: argparse.Namespace, policy: str) -> list[T
     else:
         targets.append(Target("nginx", nginx, ("nginx",)))
     if "litellm" in want:
-        exe = litellm_exe(args.litellm)
+        exe = tool_exe("litellm", args.litellm)
         if exe is None:
             print(
                 "litellm not found (pip install -e '.[litellm]', or --litellm PATH): measuring without it.",
@@ -133,7 +132,7 @@ def start_targets(procs: Procs, args: argparse.Namespace, policy: str) -> list[T
             port = start_litellm(procs, backend, exe)
             targets.append(Target("litellm", port, ("litellm",), LITELLM_KEY, exact=False, fixed_rate=False))
     if "smg" in want:
-        exe = smg_exe(args.smg)
+        exe = tool_exe("smg", args.smg)
         if exe is None:
             print("smg not found (pip install smg, or --smg PATH): measuring without it.", file=sys.stderr)
         else:
@@ -562,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.duration, args.rate, args.concurrency, args.open_connections) <= 0 or args.warmup < 0:
         parser.error("--duration, --rate, --concurrency and --open-connections must be positive")
     if args.duration + args.warmup > 30:
-        parser.error("keep --duration + --warmup ≤ 30 s: the run has up to 54 such cells")
+        parser.error("keep --duration + --warmup ≤ 30 s: the run has up to 64 such cells")
     unknown = set(args.targets.split(",")) - set(OPTIONAL) if args.targets else set()
     if unknown:
         parser.error(f"--targets: unknown {', '.join(sorted(unknown))}; choose from {', '.join(OPTIONAL)}")
