@@ -1,4 +1,5 @@
-"""The processes the overhead benchmark measures: a zero-latency SGLang-like backend, omnigate and nginx.
+"""The processes the overhead benchmark measures: a zero-latency SGLang-like backend, omnigate, nginx,
+LiteLLM and smg.
 
 Each runs in its own session (so Ctrl-C reaches only the benchmark, which then stops them in order) and
 with PR_SET_PDEATHSIG (so they die with the benchmark even if it is killed hard). `Procs` owns them all.
@@ -105,6 +106,9 @@ _METRICS = (
     b'sglang:token_usage{model_name="bench-model"} 0.0\n'
 )
 _SERVER_INFO = orjson.dumps({"max_total_num_tokens": 1_000_000, "max_running_requests": 1024})
+# SGLang's model list: smg finds a worker's models here before it routes to it
+_MODEL_CARD = {"id": MODEL, "object": "model", "created": 1700000000, "owned_by": "sglang"}
+_MODELS = orjson.dumps({"object": "list", "data": [_MODEL_CARD]})
 
 # Streaming events a client gets: with and without the usage chunk; each event is its own HTTP chunk.
 STREAM_BODY = b"".join(_EVENTS) + _DONE
@@ -132,6 +136,7 @@ _RESP_WHOLE = _fixed(b"200 OK", b"application/json", _WHOLE)
 _RESP_HEALTH = _fixed(b"200 OK", b"text/plain", b"")
 _RESP_METRICS = _fixed(b"200 OK", b"text/plain; version=0.0.4", _METRICS)
 _RESP_INFO = _fixed(b"200 OK", b"application/json", _SERVER_INFO)
+_RESP_MODELS = _fixed(b"200 OK", b"application/json", _MODELS)
 _RESP_404 = _fixed(b"404 Not Found", b"application/json", b'{"detail":"Not Found"}')
 _RESP_400 = _fixed(b"400 Bad Request", b"application/json", b'{"detail":"bad request"}')
 
@@ -190,6 +195,8 @@ class _Backend(asyncio.Protocol):
             write(_RESP_METRICS)
         elif method == b"get" and path == b"/get_server_info":
             write(_RESP_INFO)
+        elif method == b"get" and path == b"/v1/models":
+            write(_RESP_MODELS)
         else:
             write(_RESP_404)
 
@@ -299,8 +306,11 @@ class Procs:
                 proc.stdout.close()
 
 
-def wait_http(port: int, path: str, timeout: float, alive: Procs, name: str) -> None:
-    """Poll GET `path` on loopback until it answers 200, the process dies, or `timeout` passes."""
+def wait_http(
+    port: int, path: str, timeout: float, alive: Procs, name: str, expect: bytes | None = None
+) -> None:
+    """Poll GET `path` on loopback until it answers 200 (with `expect` in its answer, when given), the
+    process dies, or `timeout` passes."""
     request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
     deadline = time.monotonic() + timeout
     while True:
@@ -308,7 +318,10 @@ def wait_http(port: int, path: str, timeout: float, alive: Procs, name: str) -> 
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
                 s.sendall(request)
-                if s.recv(64).startswith(b"HTTP/1.1 200"):
+                answer = s.recv(64)
+                while expect is not None and (chunk := s.recv(65536)):
+                    answer += chunk
+                if answer.startswith(b"HTTP/1.1 200") and (expect is None or expect in answer):
                     return
         except OSError:
             pass
@@ -463,13 +476,14 @@ LITELLM_ENV = {
 }
 
 
-def litellm_exe(given: str | None) -> str | None:
-    """The `litellm` proxy CLI: `given`, else beside this interpreter (`pip install -e '.[litellm]'`),
-    else on PATH; None when none is found."""
+def tool_exe(name: str, given: str | None) -> str | None:
+    """A compared proxy's CLI (`litellm`: `pip install -e '.[litellm]'`; `smg`, a Rust router in a Python
+    wheel: `python3 -m venv /tmp/smg && /tmp/smg/bin/pip install smg`): `given`, else beside this
+    interpreter, else on PATH; None when none is found."""
     if given:
         return given
-    beside = Path(sys.executable).parent / "litellm"
-    return str(beside) if beside.exists() else shutil.which("litellm")
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else shutil.which(name)
 
 
 def start_litellm(procs: Procs, backend_port: int, exe: str) -> int:
@@ -481,6 +495,31 @@ def start_litellm(procs: Procs, backend_port: int, exe: str) -> int:
     argv = [exe, "--config", str(conf), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
     procs.start("litellm", argv, env=LITELLM_ENV)
     wait_http(port, "/health/liveliness", 120, procs, "litellm")
+    return port
+
+
+def start_smg(procs: Procs, backend_port: int, exe: str) -> int:
+    """`smg launch` routing to the backend as its one worker (HTTP mode: it finds the model on the
+    worker's /v1/models), its metrics listener on a private loopback port, logging warnings only."""
+    port = free_port()
+    argv = [
+        exe,
+        "launch",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
+        "--worker-urls",
+        f"http://127.0.0.1:{backend_port}",
+        "--log-level",
+        "warn",
+    ]
+    procs.start("smg", argv, env={"NO_PROXY": "127.0.0.1,localhost"})
+    wait_http(port, "/v1/models", 60, procs, "smg", expect=MODEL.encode())  # the worker is routable
     return port
 
 

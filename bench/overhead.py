@@ -1,4 +1,4 @@
-"""What does omnigate add on top of a backend, next to nginx and LiteLLM doing the same proxying?
+"""What does omnigate add on top of a backend, next to nginx, smg and LiteLLM doing the same proxying?
 
 One run starts a zero-latency SGLang-like backend, nginx (one worker, no buffering, keep-alive upstream),
 LiteLLM's proxy (one worker, if installed) and omnigate several ways, each in its own process on loopback,
@@ -11,6 +11,8 @@ plus a load generator in another:
                     the adaptive limit), memory store: what one production process costs
   default·redis     the same on a Redis store (a private redis-server), one worker
   default·redis×2   `serve --workers 2` on that store: two replicas on one port sharing the budgets
+  default·redis×4   `serve --workers 4` likewise
+  smg               Shepherd Model Gateway (Rust), if installed (--smg PATH): the yardstick of issue 42
 
 For non-streaming ("whole") and streaming (100 chunks) chat completions it measures, per target:
 
@@ -53,12 +55,13 @@ from _servers import (
     WHOLE_BODY,
     Procs,
     cpu_seconds,
-    litellm_exe,
     start_backend,
     start_litellm,
     start_nginx,
     start_omnigate,
     start_redis,
+    start_smg,
+    tool_exe,
 )
 
 PATH = "/v1/chat/completions"
@@ -81,7 +84,8 @@ def default_policy() -> str:
     return yaml.safe_dump(policy)
 
 
-OPTIONAL = ("omnigate+log", "default", "default·redis", "default·redis×2", "litellm")
+WORKER_ROWS = (("default·redis", 1), ("default·redis×2", 2), ("default·redis×4", 4))
+OPTIONAL = ("omnigate+log", "default", *(name for name, _ in WORKER_ROWS), "litellm", "smg")
 
 Result = dict[str, Any]
 Results = dict[tuple[str, str, str], Result]
@@ -118,7 +122,7 @@ def start_targets(procs: Procs, args: argparse.Namespace, policy: str) -> list[T
     else:
         targets.append(Target("nginx", nginx, ("nginx",)))
     if "litellm" in want:
-        exe = litellm_exe(args.litellm)
+        exe = tool_exe("litellm", args.litellm)
         if exe is None:
             print(
                 "litellm not found (pip install -e '.[litellm]', or --litellm PATH): measuring without it.",
@@ -127,6 +131,12 @@ def start_targets(procs: Procs, args: argparse.Namespace, policy: str) -> list[T
         else:
             port = start_litellm(procs, backend, exe)
             targets.append(Target("litellm", port, ("litellm",), LITELLM_KEY, exact=False, fixed_rate=False))
+    if "smg" in want:
+        exe = tool_exe("smg", args.smg)
+        if exe is None:
+            print("smg not found (pip install smg, or --smg PATH): measuring without it.", file=sys.stderr)
+        else:
+            targets.append(Target("smg", start_smg(procs, backend, exe), ("smg",)))
     port = start_omnigate(procs, "omnigate", backend, access_log=False, policy=policy)
     targets.append(Target("omnigate", port, ("omnigate",)))
     if "omnigate+log" in want:
@@ -144,7 +154,7 @@ def start_targets(procs: Procs, args: argparse.Namespace, policy: str) -> list[T
             procs, "default", backend, access_log=False, policy=default, tenant_key=TENANT_KEY
         )
         targets.append(Target("default", port, ("default",), TENANT_KEY))
-    redis_rows = [(name, n) for name, n in (("default·redis", 1), ("default·redis×2", 2)) if name in want]
+    redis_rows = [(name, n) for name, n in WORKER_ROWS if name in want]
     redis_url = start_redis(procs) if redis_rows else None
     if redis_rows and redis_url is None:
         print("redis-server not found (apt-get install -y redis-server): no Redis rows.", file=sys.stderr)
@@ -296,6 +306,87 @@ def summary(results: Results, rate: float) -> list[str]:
     return lines
 
 
+PEERS = ("nginx", "smg", "litellm", "default@base", "default")
+CHUNK_NOISE = 1.05  # "no worse" for CPU per chunk: within 5 %, a shared box's spread between two rows
+
+
+def _peer_figures(results: Results) -> dict[str, tuple[float, float, float, float]]:
+    """Per target: CPU µs per whole request and added p50 ms at one connection, max whole req/s, CPU µs per
+    streamed chunk (the max cell's CPU per stream over its chunks)."""
+    figures = {}
+    d1 = results.get(("one conn", "whole", "direct"))
+    for name in PEERS:
+        mw, ms = results.get(("max", "whole", name)), results.get(("max", "stream", name))
+        o1 = results.get(("one conn", "whole", name))
+        if mw and ms and o1 and d1:
+            added = (o1["p50"] - d1["p50"]) * 1000
+            figures[name] = (mw["proxy_us"], added, mw["rps"], ms["proxy_us"] / STREAM_CHUNKS)
+    return figures
+
+
+def scale_lines(results: Results) -> list[str]:
+    """`serve --workers N` on one Redis: max req/s and CPU per whole request for each N measured, against
+    one worker. Every worker is a process with its own event loop; on a box with fewer free cores than
+    workers (plus the client and the backend) the ratio is the cores', not the workers'."""
+    rows = [(n, results.get(("max", "whole", name))) for name, n in WORKER_ROWS]
+    measured = [(n, r) for n, r in rows if r]
+    if len(measured) < 2 or measured[0][0] != 1:
+        return []
+    one = measured[0][1]
+    cores = len(os.sched_getaffinity(0))
+    lines = []
+    for n, r in measured:
+        lines.append(
+            f"workers {n}: max req/s {r['rps']:.0f} ({r['rps'] / one['rps']:.2f}× one worker), "
+            f"CPU per whole request {r['proxy_us']:.0f} µs (redis-server's included), "
+            f"{r['proxy_cpu'] * 100:.0f} % of a core"
+        )
+    if max(n for n, _ in measured) + 2 > cores:
+        lines.append(
+            f"  ... on {cores} cores shared with the load client and the backend: more workers than free "
+            "cores add processes, not throughput; the CPU per request is the figure to scale by"
+        )
+    return lines
+
+
+def peer_lines(results: Results) -> list[str]:
+    """Issue 42's yardstick: the default policy with a tenant key beside nginx, smg and LiteLLM, and its
+    targets: CPU per whole request and added p50 at one connection ≤ 2× smg's, CPU per streamed chunk no
+    worse than the baseline's (`--baseline-src`)."""
+    figures = _peer_figures(results)
+    if "default" not in figures:
+        return []
+    lines = [
+        "| target | CPU µs / whole request | added p50 ms, one conn | max req/s, 32 conns | CPU µs / chunk |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, (cpu, added, rps, chunk) in figures.items():
+        lines.append(f"| {name} | {cpu:.0f} | {added:.2f} | {rps:.0f} | {chunk:.1f} |")
+    cpu, added, rps, chunk = figures["default"]
+    for peer in ("smg", "nginx"):
+        if peer in figures:
+            p_cpu, p_added, p_rps, p_chunk = figures[peer]
+            lines.append(
+                f"default/{peer}: CPU per whole request {cpu / p_cpu:.2f}×, "
+                f"added p50 {added / p_added:.2f}×, max req/s {rps / p_rps:.2f}×, "
+                f"CPU per chunk {chunk / p_chunk:.2f}×"
+            )
+    if "smg" in figures:
+        p_cpu, p_added = figures["smg"][:2]
+        lines.append(f"CPU per whole request ≤ 2× smg's: {_verdict(cpu <= 2 * p_cpu)} ({cpu / p_cpu:.2f}×)")
+        ok = added <= 2 * p_added
+        lines.append(f"added p50, one conn ≤ 2× smg's: {_verdict(ok)} ({added / p_added:.2f}×)")
+    if "default@base" in figures:
+        b_cpu, b_chunk = figures["default@base"][0], figures["default@base"][3]
+        ok = chunk <= CHUNK_NOISE * b_chunk
+        lines.append(
+            f"CPU per streamed chunk no worse than the baseline's: {_verdict(ok)} ({chunk:.1f} against "
+            f"{b_chunk:.1f} µs, {chunk / b_chunk:.2f}×; within {CHUNK_NOISE:g}× counts); "
+            f"CPU per whole request {cpu / b_cpu:.2f}× the baseline's"
+        )
+    return lines
+
+
 def _default_policy_lines(kind: str, results: Results, top: dict[str, Result]) -> list[str]:
     """Issue 19's targets for the default policy with a tenant key (whole requests; streams for reading)."""
     lines = []
@@ -422,6 +513,9 @@ def run(args: argparse.Namespace) -> int:
                 if r["errors"]:
                     print(f"errors in {mode} {kind} {name}: {r['error_statuses']}")
             print("\n".join(summary(results, args.rate)))
+            print()
+            print("\n".join(peer_lines(results)))
+            print("\n".join(scale_lines(results)))
             if any(not t.fixed_rate for t in targets):
                 print(f"litellm has no fixed-rate rows: its max req/s is far below {args.rate:g}.")
             print()
@@ -453,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         "(default: all)",
     )
     parser.add_argument("--litellm", help="the `litellm` executable (default: beside this python, or PATH)")
+    parser.add_argument("--smg", help="the `smg` executable (default: beside this python, or PATH)")
     parser.add_argument(
         "--policy",
         help="policy file for the omnigate row (default: admission stages that never hold or shed)",
@@ -466,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.duration, args.rate, args.concurrency, args.open_connections) <= 0 or args.warmup < 0:
         parser.error("--duration, --rate, --concurrency and --open-connections must be positive")
     if args.duration + args.warmup > 30:
-        parser.error("keep --duration + --warmup ≤ 30 s: the run has up to 54 such cells")
+        parser.error("keep --duration + --warmup ≤ 30 s: the run has up to 64 such cells")
     unknown = set(args.targets.split(",")) - set(OPTIONAL) if args.targets else set()
     if unknown:
         parser.error(f"--targets: unknown {', '.join(sorted(unknown))}; choose from {', '.join(OPTIONAL)}")

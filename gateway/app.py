@@ -14,6 +14,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import Receive, Scope, Send
 
 from gateway.admin_auth import require_admin
 from gateway.asgi import RequestIdMiddleware
@@ -155,6 +156,43 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return await _api_error(request, ApiError(500, "Internal gateway error.", code=ErrorCode.INTERNAL_ERROR))
 
 
+class GatewayApp(Starlette):
+    """Starlette, with a short way for the completion routes: a POST to one goes to its endpoint behind
+    the request-id middleware only. The endpoint answers every error itself, so Starlette's error
+    middlewares, its router and their wrapper around every `send` (~5 % of a whole request's CPU) do
+    nothing for it; any other request (a GET on a completion route too: 405) takes Starlette's way."""
+
+    def __init__(self, *args: Any, fast: dict[str, Route], access_log: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fast = {
+            path: RequestIdMiddleware(_Routed(route), enabled_log=access_log) for path, route in fast.items()
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        fast = (
+            self._fast.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        )
+        if fast is None or scope.get("root_path"):
+            await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self
+        await fast(scope, receive, send)
+
+
+class _Routed:
+    """A route's endpoint, with the route in the scope as Starlette's router leaves it (metrics label
+    requests by its path)."""
+
+    __slots__ = ("route",)
+
+    def __init__(self, route: Route) -> None:
+        self.route = route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope["route"] = self.route
+        await self.route.endpoint(scope, receive, send)
+
+
 def create_app(config: GatewayConfig, policy: PolicyHolder | None = None) -> Starlette:
     gw = Gateway(config, policy)
 
@@ -163,11 +201,17 @@ def create_app(config: GatewayConfig, policy: PolicyHolder | None = None) -> Sta
         async with gw.running():
             yield
 
-    app = Starlette(
-        routes=_routes(gw),
+    routes = _routes(gw)
+    completions = {
+        r.path: r for r in routes if isinstance(r, Route) and isinstance(r.endpoint, CompletionEndpoint)
+    }
+    app = GatewayApp(
+        routes=routes,
         middleware=[Middleware(RequestIdMiddleware, enabled_log=config.access_log)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _unexpected},
         lifespan=lifespan,
+        fast=completions,
+        access_log=config.access_log,
     )
     app.state.gateway = gw
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -16,6 +17,7 @@ from gateway.observability import metrics
 
 access_log = logging.getLogger("omnigate.access")
 _RID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+_duration = functools.cache(metrics.REQUEST_DURATION.labels)  # (route, status): bounded, looked up once each
 
 
 def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
@@ -60,7 +62,7 @@ class RequestIdMiddleware:
             duration = time.monotonic() - start
             route = scope.get("route")
             path = getattr(route, "path", "unmatched")
-            metrics.REQUEST_DURATION.labels(path, str(status)).observe(duration)
+            _duration(path, str(status)).observe(duration)
             if self.enabled_log and not scope["state"].get("access_logged"):
                 record: dict[str, Any] = {
                     "ts": round(time.time(), 3),

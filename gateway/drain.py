@@ -9,9 +9,8 @@ left, or when `shutdown.drain_s` has passed.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
+from types import TracebackType
 
 import anyio
 
@@ -39,6 +38,7 @@ class Drain:
         self.draining = False
         self.requests = 0  # completion requests inside the gateway, queued or running
         self._waiting: set[anyio.CancelScope] = set()
+        self._counted = _Counted(self)
 
     def begin(self) -> None:
         """Stop taking work; answer every queued request at once. Safe to call twice."""
@@ -54,28 +54,51 @@ class Drain:
     def done(self) -> bool:
         return self.draining and self.requests == 0
 
-    @contextlib.contextmanager
-    def request(self) -> Iterator[None]:
+    def request(self) -> _Counted:
         """Around one request's whole life in the gateway (what the drain waits for)."""
-        self.requests += 1
-        try:
-            yield
-        finally:
-            self.requests -= 1
+        return self._counted
 
     def refuse_if_draining(self) -> None:
         if self.draining:
             raise shutting_down()
 
-    @contextlib.contextmanager
-    def waiting(self) -> Iterator[None]:
+    def waiting(self) -> _Waiting:
         """Around a wait for a backend: a drain that begins meanwhile ends it with `shutting_down`."""
-        self.refuse_if_draining()
-        with anyio.CancelScope() as scope:
-            self._waiting.add(scope)
-            try:
-                yield
-            finally:
-                self._waiting.discard(scope)
-        if scope.cancelled_caught:
-            raise shutting_down()
+        return _Waiting(self)
+
+
+# Plain context managers, not @contextmanager generators: both are entered on every request, and a
+# generator-based one costs a generator and a wrapper object per entry.
+class _Counted:
+    __slots__ = ("_drain",)
+
+    def __init__(self, drain: Drain) -> None:
+        self._drain = drain
+
+    def __enter__(self) -> None:
+        self._drain.requests += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._drain.requests -= 1
+
+
+class _Waiting:
+    __slots__ = ("_drain", "_scope")
+
+    def __init__(self, drain: Drain) -> None:
+        self._drain = drain
+        self._scope = anyio.CancelScope()
+
+    def __enter__(self) -> None:
+        self._drain.refuse_if_draining()
+        self._scope.__enter__()
+        self._drain._waiting.add(self._scope)
+
+    def __exit__(
+        self, etype: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        self._drain._waiting.discard(self._scope)
+        swallowed = bool(self._scope.__exit__(etype, exc, tb))
+        if self._scope.cancelled_caught:  # the drain cancelled this wait
+            raise shutting_down() from None
+        return swallowed

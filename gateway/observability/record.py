@@ -6,6 +6,7 @@ its periodic loop (queue and backend gauges); none of them blocks or raises on o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -17,6 +18,20 @@ from gateway.observability.rolling import ClassStats
 from gateway.ticket import Outcome, Ticket
 
 CIRCUIT_STATES = ("closed", "open", "half_open")
+
+# Every finished request asks for the same few children: prometheus-client's `labels()` checks, converts and
+# locks on each call, so the request path looks each child up once (label values are bounded: decision 0600).
+_requests = functools.cache(m.REQUESTS.labels)
+_queue_wait = functools.cache(m.QUEUE_WAIT.labels)
+_ttft = functools.cache(m.TTFT.labels)
+_tpot = functools.cache(m.TPOT.labels)
+_e2e = functools.cache(m.E2E.labels)
+_ttfa = functools.cache(m.TTFA.labels)
+_audio_seconds = functools.cache(m.AUDIO_SECONDS.labels)
+_rtf = functools.cache(m.RTF.labels)
+_stalls = functools.cache(m.SPEECH_STALLS.labels)
+_tenant_tokens = functools.cache(m.TENANT_TOKENS.labels)
+_estimation_ratio = functools.cache(m.ESTIMATION_ERROR.labels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,30 +66,30 @@ def record_priced(t: Ticket) -> None:
 
 def record_dispatch(t: Ticket) -> None:
     """A ticket left the queue for a backend: its queue wait."""
-    m.QUEUE_WAIT.labels(t.pool, t.band).observe(t.queue_seconds)
+    _queue_wait(t.pool, t.band).observe(t.queue_seconds)
 
 
 def record_finished(t: Ticket) -> Latencies:
     """A request the gateway answered (any outcome but a rejection): counts, latencies, tokens, estimates."""
-    m.REQUESTS.labels(t.pool, t.traffic_class, t.tenant, t.bucket, t.band, t.outcome).inc()
+    _requests(t.pool, t.traffic_class, t.tenant, t.bucket, t.band, t.outcome).inc()
     lat = latencies(t)
     labels = (t.pool, t.traffic_class)
     if lat.ttft is not None:
-        m.TTFT.labels(*labels).observe(lat.ttft)
+        _ttft(*labels).observe(lat.ttft)
     if lat.tpot is not None:
-        m.TPOT.labels(*labels).observe(lat.tpot)
+        _tpot(*labels).observe(lat.tpot)
     if lat.e2e is not None and t.outcome == Outcome.OK:
-        m.E2E.labels(*labels).observe(lat.e2e)
+        _e2e(*labels).observe(lat.e2e)
     if t.first_audio_at is not None:
-        m.TTFA.labels(*labels).observe(t.first_audio_at - t.arrival)
-        m.AUDIO_SECONDS.labels(t.pool, t.tenant).inc(t.audio_seconds)
+        _ttfa(*labels).observe(t.first_audio_at - t.arrival)
+        _audio_seconds(t.pool, t.tenant).inc(t.audio_seconds)
     if t.rtf is not None and t.outcome == Outcome.OK:
-        m.RTF.labels(*labels).observe(t.rtf)
+        _rtf(*labels).observe(t.rtf)
     if t.audio_stalls:
-        m.SPEECH_STALLS.labels(*labels).inc(t.audio_stalls)
+        _stalls(*labels).inc(t.audio_stalls)
     if t.usage is not None:
-        m.TENANT_TOKENS.labels(t.tenant, "prompt").inc(t.usage.prompt_tokens)
-        m.TENANT_TOKENS.labels(t.tenant, "completion").inc(t.usage.completion_tokens)
+        _tenant_tokens(t.tenant, "prompt").inc(t.usage.prompt_tokens)
+        _tenant_tokens(t.tenant, "completion").inc(t.usage.completion_tokens)
         if t.outcome == Outcome.OK:
             _estimation(t)
     return lat
@@ -84,16 +99,16 @@ def _estimation(t: Ticket) -> None:
     """Ratio estimated/actual; only for completed requests (a cut stream's output count says nothing)."""
     assert t.usage is not None
     if t.usage.prompt_tokens > 0:
-        m.ESTIMATION_ERROR.labels("prompt", t.bucket).observe(t.cost.prompt_tokens / t.usage.prompt_tokens)
+        _estimation_ratio("prompt", t.bucket).observe(t.cost.prompt_tokens / t.usage.prompt_tokens)
     if t.usage.completion_tokens > 0:
         ratio = t.cost.expected_output_tokens / t.usage.completion_tokens
-        m.ESTIMATION_ERROR.labels("output", t.bucket).observe(ratio)
+        _estimation_ratio("output", t.bucket).observe(ratio)
 
 
 def record_rejection(t: Ticket, reason: RejectionReason) -> None:
     """A request the gateway refused, counted by its reason (gateway/errors.py: `rejection_reason`)."""
     m.REJECTIONS.labels(reason, t.traffic_class).inc()
-    m.REQUESTS.labels(t.pool, t.traffic_class, t.tenant, t.bucket, t.band, Outcome.REJECTED).inc()
+    _requests(t.pool, t.traffic_class, t.tenant, t.bucket, t.band, Outcome.REJECTED).inc()
 
 
 def record_queue(pool: str, band: str, depth: int, oldest_wait_s: float) -> None:
