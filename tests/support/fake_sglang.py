@@ -31,6 +31,7 @@ class Behaviour:
 @dataclass
 class Record:
     received: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # each POST's headers, names lower-case
     aborted: list[tuple[str, float]] = field(default_factory=list)
     completed: int = 0
     info_calls: dict[str, int] = field(default_factory=dict)  # settings route → times asked
@@ -96,6 +97,7 @@ def make_app(
     async def chat(request: Request) -> Response:
         body = orjson.loads(await request.body())
         rec.received.append(body)
+        rec.headers.append(dict(request.headers))
         if b.fail_status is not None:
             return JSONResponse(
                 {
