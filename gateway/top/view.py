@@ -65,7 +65,7 @@ def _rejections(rejections: list[RejectionRow]) -> Table:
 def _stages(b: BackendRow) -> str:
     if not b.stages:
         return "-"
-    return "  ".join(
+    return ", ".join(
         f"{s} {_num(use, 'g')}/{'∞' if budget is None else f'{budget:g}'}" for s, use, budget in b.stages
     )
 
@@ -105,7 +105,7 @@ def _standing(used: float, limit: float | None) -> str:
         return f"{used:.0f}/∞"
     share = used / limit * 100 if limit else 0.0
     digits = 1 if limit < 100 and used != int(used) else 0
-    return f"{used:.{digits}f}/{limit:g} ({share:.0f} %)"
+    return f"{used:.{digits}f}/{limit:,.0f} ({share:.0f} %)"
 
 
 def _tenants(tenants: list[TenantRow]) -> Table:
