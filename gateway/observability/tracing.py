@@ -213,8 +213,15 @@ class Tracing:
             request = _CURRENT.get()
             if request is None:  # not a completion (the model list authenticates too)
                 return await stage(*args, **kwargs)
-            with tracer.start_as_current_span(name, context=request.context):
+            span = tracer.start_span(name, context=request.context)  # not made current: nothing nests
+            try:
                 return await stage(*args, **kwargs)
+            except BaseException as e:  # a refusal (bad key, quota) is the stage's error
+                span.record_exception(e)
+                span.set_status(Status(StatusCode.ERROR, type(e).__name__))
+                raise
+            finally:
+                span.end()
 
         return cast(Stage, traced)
 
@@ -261,6 +268,8 @@ class Tracing:
                     attempt.add_event("omnigate.first_audio", timestamp=wall(ticket.first_audio_at))
                 if ticket.backend:
                     attempt.set_attribute("omnigate.backend", ticket.backend)
+                if ticket.outcome in FAILED_OUTCOMES:  # cut, timed out or answered an error mid-stream
+                    attempt.set_status(Status(StatusCode.ERROR, ticket.error or ticket.outcome.value))
                 attempt.end(wall(ticket.finished_at) if ticket.finished_at is not None else now_ns)
             _request_attributes(request, ticket, status, providers.get(ticket.pool))
             request.span.end(now_ns)

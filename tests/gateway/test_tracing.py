@@ -237,3 +237,26 @@ def test_tracing_off_loads_no_opentelemetry() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_failed_answer_is_an_error_span_and_so_is_its_upstream_attempt(
+    start_backend: Callable[..., Backend],
+    start_gateway: Callable[..., ServerThread],
+    receiver: tuple[ServerThread, Received],
+) -> None:
+    """A stream the backend cuts after its first chunk: the client got 200 and an error event, the trace
+    shows the failure on the request and on the attempt."""
+    server, got = receiver
+    backend = start_backend(drop_after=1)
+    gw = start_gateway([backend.url], tracing=_tracing(server))
+    answer = httpx.post(f"{gw.url}/v1/chat/completions", json={**CHAT, "stream": True})
+    assert answer.status_code == 200 and '"error"' in answer.text
+    gw.stop()
+    spans = got.by_name()
+    root, attempt = spans["chat test-model"], spans["omnigate.upstream"]
+    attrs = _attrs(root.attributes)
+    assert attrs["omnigate.outcome"] == "upstream_error" and attrs["error.type"] == "upstream_error"
+    assert attrs["omnigate.tenant.id"] == "anonymous"
+    assert root.status.code == 2 and attempt.status.code == 2  # error, both
+    assert root.status.message == attempt.status.message != ""
+    assert [e.name for e in attempt.events] == ["omnigate.first_token"]
