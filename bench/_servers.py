@@ -366,6 +366,7 @@ def start_omnigate(
     tenant_key: str | None = None,
     redis_url: str | None = None,
     workers: int = 1,
+    tracing: dict[str, Any] | None = None,
 ) -> int:
     """Generate a one-pool config + policy in the work dir and run `omnigate serve` on it.
 
@@ -375,6 +376,7 @@ def start_omnigate(
     `tenant_key`: require API keys and create one tenant with this key (None: auth off).
     `redis_url`: the Redis store (tenants, quotas, the engines' budgets shared); None: the memory store.
     `workers`: `serve --workers N` (N > 1 needs `redis_url`).
+    `tracing`: the config's `tracing` section (off when None).
     """
     port = free_port()
     policy_path = procs.workdir / f"{name}-policy.yaml"
@@ -394,6 +396,7 @@ def start_omnigate(
             {"name": "interactive", "models": [MODEL], "backends": [f"http://127.0.0.1:{backend_port}"]}
         ],
         "limits": limits or {},
+        "tracing": tracing or {},
     }
     path = procs.workdir / f"{name}.yaml"
     path.write_bytes(orjson.dumps(config))  # JSON is YAML

@@ -7,6 +7,7 @@ plus a load generator in another:
   omnigate          a policy whose admission stages never hold a request (no batching window, a fixed
                     concurrency limit above the load), no auth: the proxy, not the scheduler
   omnigate+log      the same with the access log on
+  omnigate+otel     the same with OpenTelemetry traces on, every request sampled, exported to a sink
   default           policies/default.yaml and a tenant API key on every request (auth, quotas, pricing,
                     the adaptive limit), memory store: what one production process costs
   default·redis     the same on a Redis store (a private redis-server), one worker
@@ -85,7 +86,7 @@ def default_policy() -> str:
 
 
 WORKER_ROWS = (("default·redis", 1), ("default·redis×2", 2), ("default·redis×4", 4))
-OPTIONAL = ("omnigate+log", "default", *(name for name, _ in WORKER_ROWS), "litellm", "smg")
+OPTIONAL = ("omnigate+log", "omnigate+otel", "default", *(name for name, _ in WORKER_ROWS), "litellm", "smg")
 
 Result = dict[str, Any]
 Results = dict[tuple[str, str, str], Result]
@@ -110,6 +111,22 @@ def _request(t: Target, kind: str) -> bytes:
     }
     headers = {"authorization": f"Bearer {t.key}"} if t.key else None
     return http_request(t.port, PATH, orjson.dumps(body), headers)
+
+
+def start_traced(procs: Procs, backend: int, policy: str) -> Target:
+    """The omnigate row with tracing on (sampling 1.0) exporting to a sink that drops what it gets."""
+    sink = procs.start(
+        "otlp-sink", [sys.executable, str(Path(__file__).with_name("_otlp_sink.py"))], capture_stdout=True
+    )
+    assert sink.stdout is not None
+    sink_port = int(sink.stdout.readline().decode().split()[1])
+    tracing = {
+        "enabled": True,
+        "endpoint": f"http://127.0.0.1:{sink_port}/v1/traces",
+        "schedule_delay_s": 1.0,
+    }
+    port = start_omnigate(procs, "omnigate-otel", backend, access_log=False, policy=policy, tracing=tracing)
+    return Target("omnigate+otel", port, ("omnigate-otel",))
 
 
 def start_targets(procs: Procs, args: argparse.Namespace, policy: str) -> list[Target]:
@@ -142,6 +159,8 @@ def start_targets(procs: Procs, args: argparse.Namespace, policy: str) -> list[T
     if "omnigate+log" in want:
         port = start_omnigate(procs, "omnigate-log", backend, access_log=True, policy=policy)
         targets.append(Target("omnigate+log", port, ("omnigate-log",)))
+    if "omnigate+otel" in want:
+        targets.append(start_traced(procs, backend, policy))
     default = default_policy()
     if args.baseline_src:
         src = Path(args.baseline_src)

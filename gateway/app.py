@@ -14,7 +14,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admin_auth import require_admin
 from gateway.asgi import RequestIdMiddleware
@@ -22,6 +22,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import ApiError, ErrorCode
 from gateway.model_list import model_card, model_cards
 from gateway.observability import metrics
+from gateway.openai_api import Endpoint
 from gateway.pipeline import CompletionEndpoint
 from gateway.reloader import PolicyHolder
 from gateway.replica import Gateway
@@ -52,6 +53,12 @@ _ADMIN_OPENAPI: dict[str, Any] = {
         }
     },
 }
+
+
+def _completion(gw: Gateway, endpoint: Endpoint, path: str) -> ASGIApp:
+    """The endpoint of one OpenAI route, inside its trace span when tracing is on (decided here, once)."""
+    app = CompletionEndpoint(gw, endpoint, path)
+    return app if gw.tracing is None else gw.tracing.serve(app)
 
 
 def _routes(gw: Gateway) -> list[BaseRoute]:
@@ -102,12 +109,10 @@ def _routes(gw: Gateway) -> list[BaseRoute]:
         return JSONResponse({**gw.live.admin_state(), "store": gw.tenants.admin_view()})
 
     return [
-        Route(
-            "/v1/chat/completions", CompletionEndpoint(gw, "chat", "/v1/chat/completions"), methods=["POST"]
-        ),
-        Route("/v1/completions", CompletionEndpoint(gw, "completions", "/v1/completions"), methods=["POST"]),
-        Route("/v1/embeddings", CompletionEndpoint(gw, "embeddings", "/v1/embeddings"), methods=["POST"]),
-        Route("/v1/audio/speech", CompletionEndpoint(gw, "speech", "/v1/audio/speech"), methods=["POST"]),
+        Route("/v1/chat/completions", _completion(gw, "chat", "/v1/chat/completions"), methods=["POST"]),
+        Route("/v1/completions", _completion(gw, "completions", "/v1/completions"), methods=["POST"]),
+        Route("/v1/embeddings", _completion(gw, "embeddings", "/v1/embeddings"), methods=["POST"]),
+        Route("/v1/audio/speech", _completion(gw, "speech", "/v1/audio/speech"), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", one_model, methods=["GET"]),
         usage_route(gw.tenants),

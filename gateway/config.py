@@ -251,6 +251,35 @@ class AlertsConfig(Frozen):
         return self
 
 
+class TracingConfig(Frozen):
+    """OpenTelemetry traces over OTLP/HTTP (gateway/observability/tracing.py); needs the `otel` extra."""
+
+    enabled: bool = Field(False, description="Off: no tracing code is loaded and requests pay nothing.")
+    endpoint: str = Field(
+        "http://127.0.0.1:4318/v1/traces", description="The collector's OTLP/HTTP traces URL (protobuf)."
+    )
+    service_name: str = Field("omnigate", min_length=1, description="The `service.name` resource attribute.")
+    sampling_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of new traces kept; a client's `traceparent` decides for its own trace.",
+    )
+    headers: FrozenDict[str, str] = Field(
+        default_factory=dict, description="Sent with every export (a collector's auth header)."
+    )
+    timeout_s: float = Field(10.0, gt=0, description="One export's time limit.")
+    schedule_delay_s: float = Field(5.0, gt=0, description="How often the batch of ended spans is sent.")
+    max_queue_size: int = Field(2048, ge=1, description="Ended spans held for export; beyond, dropped.")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"endpoint must start with http:// or https://: {v!r}")
+        return v
+
+
 class GatewayConfig(Frozen):
     listen: Listen = Field(default_factory=lambda: Listen())
     policy_path: str = "policies/default.yaml"
@@ -263,6 +292,7 @@ class GatewayConfig(Frozen):
     shutdown: ShutdownConfig = Field(default_factory=lambda: ShutdownConfig())
     pools: tuple[PoolConfig, ...]
     alerts: AlertsConfig = Field(default_factory=lambda: AlertsConfig())
+    tracing: TracingConfig = Field(default_factory=lambda: TracingConfig())
     tenants: tuple[FrozenDict[str, Any], ...] = Field(
         default=(), description="Tenants (and keys) created at start if missing: demos, tests."
     )

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -21,7 +22,7 @@ from gateway.backends.circuit import CircuitState, Transition
 from gateway.backends.kinds.base import BackendKind
 from gateway.backends.pool import Pool
 from gateway.backends.settings import CircuitPolicy
-from gateway.config import GatewayConfig
+from gateway.config import ConfigError, GatewayConfig
 from gateway.coordination.coordinator import Coordinator
 from gateway.drain import Drain
 from gateway.estimate.estimator import Estimator
@@ -40,6 +41,9 @@ from gateway.stages.finish import Finish
 from gateway.stages.measure import Measure
 from gateway.stages.route import Router
 from gateway.tenants.service import TenantService
+
+if TYPE_CHECKING:
+    from gateway.observability.tracing import Tracing
 
 
 class Gateway:
@@ -103,6 +107,21 @@ class Gateway:
             if (store := config.store).kind == "redis" and store.redis_url and config.coordination.enabled
             else None
         )
+        self.tracing: Tracing | None = None
+        if config.tracing.enabled:
+            try:  # the `otel` extra: loaded only when on
+                from gateway.observability.tracing import Tracing
+            except ImportError as e:
+                raise ConfigError(
+                    f"tracing.enabled needs the otel extra (pip install 'omnigate[otel]'): {e}"
+                ) from None
+
+            self.tracing = Tracing(config.tracing, clock, {p.name: p.kind for p in config.pools})
+            self.authenticate = self.tracing.stage("omnigate.authenticate", self.authenticate)
+            self.admit = self.tracing.admit(self.admit)
+            self.finish = self.tracing.finish(self.finish)
+            for pool in self.pools.values():
+                pool.upstream = self.tracing.upstream
 
     def _circuit_settings(self, pool: str) -> Callable[[], CircuitPolicy]:
         return lambda: self.policy.current.pool(pool).circuit
@@ -184,3 +203,5 @@ class Gateway:
             for pool in self.pools.values():
                 await pool.close()
             await self.tenants.close()
+            if self.tracing is not None:
+                await anyio.to_thread.run_sync(self.tracing.shutdown)

@@ -24,6 +24,7 @@ PRODUCT = {
     "policy": Command("gateway.cli", "validate or export policy files", named=True),
     "tenants": Command("gateway.tenants.cli", "manage tenants, keys and usage via the admin API"),
     "alerts": Command("gateway.observability.cli", "alerting tools: test"),
+    "top": Command("gateway.top.cli", "a live terminal view of a running gateway"),
 }
 HARNESS = {
     "demo": Command("omnigate.demo.run", "simulated backends + gateway + a workload, with a live view"),

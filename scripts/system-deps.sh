@@ -3,13 +3,15 @@
 # Installs what is missing with apt-get when that is possible (root on Debian/Ubuntu); otherwise stops at once
 # and prints the one command that would install them.
 #   required: redis-server (the Redis store's tests start a private one)
-#   optional: promtool (package prometheus; checks the alert rules), chromium (renders the HTML report);
-#             their tests are reported as skipped, with the reason, when they are absent.
+#   optional: promtool (package prometheus; checks the alert rules), chromium (renders the HTML report),
+#             buildah, podman and debootstrap (build and start the container image, on a base made from
+#             Debian's packages); their tests are reported as skipped, with the reason, when they are absent.
 set -euo pipefail
 
-declare -A PACKAGE=([redis-server]=redis-server [promtool]=prometheus [chromium]=chromium)
+declare -A PACKAGE=([redis-server]=redis-server [promtool]=prometheus [chromium]=chromium [buildah]=buildah
+  [podman]=podman [debootstrap]=debootstrap)
 REQUIRED=(redis-server)
-OPTIONAL=(promtool chromium)
+OPTIONAL=(promtool chromium buildah podman debootstrap)
 
 missing() { for b in "$@"; do command -v "$b" >/dev/null 2>&1 || echo "$b"; done; }
 packages() { for b in "$@"; do echo "${PACKAGE[$b]}"; done | tr '\n' ' '; }

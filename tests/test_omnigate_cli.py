@@ -12,7 +12,7 @@ from omnigate.cli import COMMANDS, HARNESS, PRODUCT, main
 
 
 def test_every_command_names_a_module_with_a_main() -> None:
-    assert set(PRODUCT) == {"serve", "policy", "tenants", "alerts"}
+    assert set(PRODUCT) == {"serve", "policy", "tenants", "alerts", "top"}
     assert set(HARNESS) == {"demo", "sim", "loadtest"}
     for name, command in COMMANDS.items():
         assert callable(importlib.import_module(command.module).main), name

@@ -27,6 +27,9 @@ log = logging.getLogger("omnigate.backends")
 class Pool:
     """Backends serving one traffic class; the dispatcher decides which of them gets each request."""
 
+    # (max_connections, max_keepalive) → the pool's client; tracing gives its own (observability/tracing.py)
+    upstream: Callable[[int, int], Upstream] = Upstream
+
     def __init__(
         self,
         config: PoolConfig,
@@ -51,7 +54,7 @@ class Pool:
     async def start(self) -> None:
         """Open the clients; timeouts come per request from the live policy (gateway/proxy.py). Health
         checks and scrapes go through a small aiohttp session of their own, off the request path."""
-        self.client = Upstream(self.config.max_connections, self.config.max_keepalive)
+        self.client = self.upstream(self.config.max_connections, self.config.max_keepalive)
         self._probe = _probe_session(len(self.backends) * 2)
 
     async def close(self) -> None:

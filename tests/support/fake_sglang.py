@@ -32,6 +32,7 @@ class Behaviour:
 @dataclass
 class Record:
     received: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)  # each POST's headers, names lower-case
     aborted: list[tuple[str, float]] = field(default_factory=list)
     ended: list[str] = field(default_factory=list)  # rids asked to end (`/abort_request`)
     completed: int = 0
@@ -98,6 +99,7 @@ def make_app(
     async def chat(request: Request) -> Response:
         body = orjson.loads(await request.body())
         rec.received.append(body)
+        rec.headers.append(dict(request.headers))
         if b.fail_status is not None:
             return JSONResponse(
                 {
