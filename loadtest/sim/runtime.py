@@ -44,16 +44,19 @@ class Handle:
         return self.req.finished_at is not None
 
     async def progress(self) -> AsyncIterator[int]:
-        """Yield the total number of tokens generated each time it grows; ends when the request ends."""
+        """Yield the total number of tokens generated each time it grows; ends when the request ends.
+        The state is read again after every yield, so tokens made while the reader was away (a slow
+        client, a stream whose headers wait for its first event) are never dropped at the end."""
         seen = 0
         while True:
-            await self.changed.wait()
-            self.changed.clear()
             if self.req.generated > seen:
                 seen = self.req.generated
                 yield seen
+                continue
             if self.finished:
                 return
+            await self.changed.wait()
+            self.changed.clear()
 
 
 class EngineRunner:
@@ -98,7 +101,7 @@ class EngineRunner:
         req = self.engine.abort(rid)
         if req is None:
             return False
-        self.metrics.on_aborted(req, by_client=True)
+        self.metrics.on_left(req)
         if handle is not None:
             handle.changed.set()
         return True
