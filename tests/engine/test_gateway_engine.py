@@ -18,7 +18,18 @@ import pytest
 import yaml
 
 from tests.engine.conftest import Server
-from tests.engine.wire import CAP, LONG, chat_body, occupy, open_stream, scrape, value, wait_until
+from tests.engine.wire import (
+    CAP,
+    LONG,
+    chat_body,
+    occupy,
+    open_stream,
+    running_waiting,
+    scrape,
+    value,
+    wait_for,
+    wait_until,
+)
 from tests.support.engine import SERVED_MODEL, EngineProcess
 from tests.support.processes import ManagedProcess, Processes
 
@@ -219,8 +230,8 @@ async def test_a_killed_engine_fails_over_and_opens_its_circuit(
         async with contextlib.AsyncExitStack() as stack:
             streams = [await stack.enter_async_context(open_stream(gw, chat_body(LONG))) for _ in range(2)]
             await wait_until(lambda: all(held.tokens >= 1 for held, _ in streams))
-            running = await asyncio.to_thread(lambda: [b["running"] for b in _state(gw)["backends"]])
-            assert running == [1, 1]  # one on each engine: the victim dies with a stream in flight
+            # one on each engine (their own count): the victim dies with a stream in flight
+            await wait_for(lambda: [running_waiting(u)[0] for u in (victim.url, engine.url)], [1, 1])
             victim.kill()
             # whatever the dispatcher picks next, every answer comes from the live engine
             async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
@@ -229,9 +240,7 @@ async def test_a_killed_engine_fails_over_and_opens_its_circuit(
                 )
             assert [r.status_code for r in answers] == [200, 200, 200]
             assert [r.json()["usage"]["completion_tokens"] for r in answers] == [4, 4, 4]
-        dead = await wait_until(
-            lambda: (b := _backend(gw, victim.url))["circuit"] == "open" and b, timeout=10
-        )
+        dead = await wait_until(lambda: (b := _backend(gw, victim.url))["circuit"] == "open" and b, within=10)
         assert dead["healthy"] is False
         assert _backend(gw, engine.url)["circuit"] == "closed"
     finally:
