@@ -157,9 +157,10 @@ async def test_a_client_that_leaves_aborts_its_request_in_the_engine(
     before = value(scrape(engine.url), "sglang:num_aborted_requests_total")
     async with open_stream(gateway.url, chat_body(LONG)) as (held, _):
         await wait_until(lambda: held.tokens >= 5)
-        assert value(scrape(engine.url), "sglang:num_running_reqs", priority="") == 1
+        # the engine's gauges lag its scheduler by up to a second under load
+        await wait_until(lambda: value(scrape(engine.url), "sglang:num_running_reqs", priority="") == 1)
     # the engine's own account: the request stopped running and was counted as aborted
-    await wait_until(lambda: _idle(engine.url), within=5)
+    await wait_until(lambda: _idle(engine.url), within=10)
     await wait_until(lambda: value(scrape(engine.url), "sglang:num_aborted_requests_total") == before + 1)
 
 
