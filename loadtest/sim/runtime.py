@@ -44,19 +44,20 @@ class Handle:
         return self.req.finished_at is not None
 
     async def progress(self) -> AsyncIterator[int]:
-        """Yield the total number of tokens generated each time it grows; ends when the request ends.
-        The state is read again after every yield, so tokens made while the reader was away (a slow
-        client, a stream whose headers wait for its first event) are never dropped at the end."""
+        """Yield the total number of tokens generated each time it grows; ends when the request ends,
+        after yielding what was made while the reader was away (a slow client, a stream whose headers
+        wait for its first event), so the last tokens are never dropped."""
         seen = 0
         while True:
+            await self.changed.wait()
+            self.changed.clear()
             if self.req.generated > seen:
                 seen = self.req.generated
                 yield seen
-                continue
             if self.finished:
+                if self.req.generated > seen:
+                    yield self.req.generated
                 return
-            await self.changed.wait()
-            self.changed.clear()
 
 
 class EngineRunner:
