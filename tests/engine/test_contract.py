@@ -42,7 +42,6 @@ pytestmark = pytest.mark.e2e
 
 QUEUE, KV = 2, 8192
 ABORTED = "sglang:num_aborted_requests_total"
-ABORT_PENDING = pytest.mark.xfail(strict=True, reason="simulator: /abort_request lands with the ledger work")
 
 
 def _post(server: Server, path: str, body: Any, **kw: Any) -> httpx.Response:
@@ -427,7 +426,6 @@ async def test_a_request_that_leaves_while_queued_counts_only_as_an_abort(quiet:
         assert value(after, ABORTED) - value(before, ABORTED) == 1
 
 
-@pytest.mark.parametrize("server", ["sglang", pytest.param("sim", marks=ABORT_PENDING)], indirect=True)
 async def test_abort_request_ends_the_stream_cleanly_with_its_usage(server: Server) -> None:
     await asyncio.to_thread(settle, server)
     before = scrape(server.url)
