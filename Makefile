@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-omni lint bench validate-seed clean system-deps
+.PHONY: demo test test-fast test-engine test-omni lint bench validate-seed clean system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,12 @@ test-omni: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m unit
+
+# The engine tier: a real SGLang 0.5.23 on the CPU (prepared once into $OMNIGATE_ENGINE_CACHE, default
+# ~/.cache/omnigate; ~2.5 GB) started by the tests on a free loopback port. Fails if it cannot be prepared.
+test-engine: $(STAMP)
+	engines/sglang/setup.sh
+	$(BIN)/python -m pytest --engine tests/engine --timeout 600
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -8,6 +8,8 @@ guard below fails it if it does, so the marker cannot lie.
 Redis: the first test that asks for `redis_url` starts `redis-server` (the system binary) on a free
 loopback port with a private data directory and no persistence; it serves the whole session and is
 stopped at its end. Nothing touches a Redis the machine may already run (6379 or any other).
+
+The engine tier (tests/engine/, a real SGLang) is collected only with `--engine` (`make test-engine`).
 """
 
 from __future__ import annotations
@@ -16,12 +18,28 @@ import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 from tests.support.processes import ManagedProcess, Processes
+
+ENGINE_TESTS = Path(__file__).parent / "engine"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--engine", action="store_true", help="collect tests/engine/ (a real SGLang: `make test-engine`)"
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """tests/engine/ needs a prepared SGLang and minutes of CPU: out of `make test`, in `make test-engine`."""
+    if collection_path == ENGINE_TESTS and not config.getoption("--engine"):
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--oom-mode", choices=["retract", "crash"], default="retract")
     p.add_argument("--restart-s", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--sglang-version",
+        choices=["0.5.23", "0.5.9"],
+        default="0.5.23",
+        help="the SGLang release whose HTTP surface to serve (chunk shapes, stream headers, /v1/loads)",
+    )
     add_fault_flags(p)
     return p
 
@@ -70,6 +76,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         restart_s=args.restart_s,
         seed=args.seed,
         faults=faults,
+        sglang_version=args.sglang_version,
     )
 
 

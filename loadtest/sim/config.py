@@ -36,6 +36,12 @@ class SimConfig(BaseModel):
     restart_s: float = Field(default=30.0, ge=0)
     seed: int = 0
     faults: FaultConfig = FaultConfig()
+    # the SGLang release whose HTTP surface is served (loadtest/sim/README.md lists where they differ)
+    sglang_version: Literal["0.5.23", "0.5.9"] = "0.5.23"
+
+    @property
+    def legacy(self) -> bool:
+        return self.sglang_version == "0.5.9"
 
     def load_profile(self) -> Profile:
         return load_profile(self.profile)

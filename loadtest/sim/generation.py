@@ -65,7 +65,10 @@ WORK_KEPT = 100_000  # requests the work ledger remembers (oldest dropped first)
 
 
 class Generator:
-    def __init__(self, profile: Profile, runner: EngineRunner, faults: FaultInjector, seed: int) -> None:
+    def __init__(
+        self, profile: Profile, runner: EngineRunner, faults: FaultInjector, seed: int, legacy: bool = False
+    ) -> None:
+        self.legacy = legacy  # SGLang 0.5.9's surface (responses.py), else 0.5.23's
         # the engine's own account of the work it took, by the caller's x-request-id (GET /sim/work): what
         # a gateway's ledger must match
         self.work: dict[str, tuple[float, SimRequest]] = {}
@@ -113,7 +116,7 @@ class Generator:
             return error_response(status, f"Injected fault: simulated error {status}.")
         if self.faults.config.latency_s > 0:
             await self.runner.clock.sleep(self.faults.config.latency_s)
-        prefix = {"chat": "chatcmpl-", "completion": "cmpl-"}.get(call.kind, "")
+        prefix = {"chat": "chatcmpl-", "completion": "cmpl-"}.get(call.kind, "") if self.legacy else ""
         req = SimRequest(
             rid=call.rid or prefix + uuid.uuid4().hex,
             prompt_tokens=call.prompt.total,
@@ -125,11 +128,36 @@ class Generator:
         try:
             handle = self.runner.submit(req)
         except EngineError as exc:
+            if call.stream and not self.legacy:  # 0.5.23 answers a stream 200, whatever its first event
+                refusal = [stream_error(exc.message, exc.status), SSE_DONE]
+                return StreamingResponse(iter(refusal), media_type="text/event-stream")
             return error_response(exc.status, exc.message)
         self._note(request.headers.get("x-request-id"), req)
         if call.stream:
-            return StreamingResponse(self._stream(call, handle), media_type="text/event-stream")
+            events = self._stream(call, handle)
+            if self.legacy:
+                return StreamingResponse(events, media_type="text/event-stream")
+            return await self._stream_from_first_event(events, request)
         return await self._complete(call, handle, request)
+
+    async def _stream_from_first_event(self, events: AsyncIterator[bytes], request: Request) -> Response:
+        """SGLang 0.5.23 sends a stream's headers with its first event (the first token, or an error such
+        as an eviction from the queue): a queued stream has no status yet. A client that leaves before it
+        aborts the request (`_stream`'s cleanup) and gets nothing."""
+        first: list[bytes] = []
+
+        async def take_first() -> None:
+            first.append(await anext(events))
+
+        if not await finish_or_abandon(take_first(), request):
+            return Response(status_code=204)  # nobody is listening
+
+        async def replay() -> AsyncIterator[bytes]:
+            yield first[0]
+            async for event in events:
+                yield event
+
+        return StreamingResponse(replay(), media_type="text/event-stream")
 
     def _note(self, request_id: str | None, req: SimRequest) -> None:
         if request_id is None:
@@ -174,7 +202,7 @@ class Generator:
         finish = req.finish_reason or "stop"
         if call.kind == "generate":
             return _native_chunk(req, req.generated)
-        return ChunkFactory(req.rid, call.model, call.kind == "chat").complete(
+        return ChunkFactory(req.rid, call.model, call.kind == "chat", self.legacy).complete(
             text, finish, _counted_prompt(req), req.generated
         )
 
@@ -184,7 +212,7 @@ class Generator:
 
     async def _stream(self, call: Call, handle: Handle) -> AsyncIterator[bytes]:
         req = handle.req
-        chunks = ChunkFactory(req.rid, call.model, call.kind == "chat")
+        chunks = ChunkFactory(req.rid, call.model, call.kind == "chat", self.legacy)
         cut_after = self.faults.disconnect_after()
         stall_at = self.faults.stall_after()
         sent = 0
@@ -207,7 +235,7 @@ class Generator:
                 if cut_after is not None and sent >= cut_after:
                     raise DroppedConnection
             if req.error is not None:
-                yield stream_error(req.error.message, req.error.status)
+                yield stream_error(req.error.message, req.error.status, self.legacy)
             elif call.kind != "generate":  # an `/abort_request` ends it cleanly too: finish_reason "abort"
                 yield chunks.finish_chunk(req.finish_reason or "stop")
                 if call.include_usage:

@@ -3,10 +3,17 @@
 Gauges are refreshed from the engine at scrape time; histograms are fed per step, in virtual seconds, so a
 scraper sees the same numbers a real engine with that schedule would report. The prompt and generation
 token counters grow when a request ends, by its whole prompt (once its prefill started) and every token it
-generated, as SGLang 0.5.23 counts them; a request aborted while it still waited leaves no trace.
+generated, as SGLang 0.5.23 counts them; per step (recomputations included) with `legacy` (0.5.9).
+
+SGLang 0.5.23's gauges (the default; 0.5.9's with `legacy`) carry `moe_ep_rank` and `priority` labels: the
+whole scheduler is `priority=""`, and with priority scheduling the request gauges add one series per
+priority seen since start (a request without one is `priority="-9223372036854775808"`); the KV pool is also
+split into `kv_used_tokens`, `kv_available_tokens` and `kv_evictable_tokens` (always 0: no radix cache).
 """
 
 from __future__ import annotations
+
+from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -46,6 +53,7 @@ QUEUE_BUCKETS = (
 )  # fmt: skip
 
 
+NO_PRIORITY = str(-(1 << 63))  # SGLang 0.5.23's label for a request sent without a priority
 MEMORY_PEAK = "sim:memory_peak_bytes"
 REQUESTS_PEAK = "sim:requests_peak"
 
@@ -54,10 +62,21 @@ class SimMetrics:
     """`memory_window_s`: the virtual span the memory-peak gauge looks back over (one wall second at the
     app's time scale, so a scraper polling twice a second sees every step's peak)."""
 
-    def __init__(self, model_name: str, memory_window_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        memory_window_s: float = 1.0,
+        legacy: bool = False,
+        priority_scheduling: bool = False,
+    ) -> None:
         self.memory_window_s = memory_window_s
         self.registry = CollectorRegistry()
         sched = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
+        if not legacy:
+            sched.update(moe_ep_rank="0", priority="")
+        self.legacy = legacy
+        self.priority_scheduling = priority_scheduling
+        self._priorities: set[str] = set()  # every priority label a request gauge has shown
         self._sched = sched
         self._tok = {"model_name": model_name}
         r, s, t = self.registry, list(sched), ["model_name"]
@@ -75,6 +94,10 @@ class SimMetrics:
         self.gen_throughput = g("gen_throughput", "The generation throughput (token/s).")
         self.cache_hit_rate = g("cache_hit_rate", "The prefix cache hit rate.")
         self.num_retracted_reqs = g("num_retracted_reqs", "The number of retracted requests.")
+        self.kv = {
+            part: g(f"kv_{part}_tokens", f"KV cache tokens: {part}.")
+            for part in ("used", "available", "evictable")
+        }
         self.memory_peak = Gauge(
             MEMORY_PEAK,
             "Simulator only (SGLang exports no such gauge): peak GPU memory in use over the last wall "
@@ -138,6 +161,9 @@ class SimMetrics:
                     self.queue_time.labels(**tok).observe(req.admitted_at - req.arrival)
             elif len(req.token_times) >= 2:
                 self.itl.labels(**tok).observe(req.token_times[-1] - req.token_times[-2])
+        if self.legacy:  # 0.5.23 counts a request's tokens when it ends (on_finished)
+            self.generation_tokens.labels(**tok).inc(len(result.emitted))
+            self.prompt_tokens.labels(**tok).inc(result.prefill_tokens)
         if result.retracted:
             self.retracted_total.labels(**self._sched).inc(len(result.retracted))
         for req in result.finished:
@@ -151,19 +177,24 @@ class SimMetrics:
     def on_finished(self, req: SimRequest) -> None:
         tok = self._tok
         self.requests.labels(**tok).inc()
-        if req.admitted_at is not None:
-            self.prompt_tokens.labels(**tok).inc(req.prompt_tokens)
-        self.generation_tokens.labels(**tok).inc(req.generated)
+        if not self.legacy:
+            if req.admitted_at is not None:
+                self.prompt_tokens.labels(**tok).inc(req.prompt_tokens)
+            self.generation_tokens.labels(**tok).inc(req.generated)
         if req.finished_at is not None:
             self.e2e.labels(**tok).observe(req.finished_at - req.arrival)
 
-    def on_aborted(self, req: SimRequest, by_client: bool = False) -> None:
-        """An aborted request; one its client ended (a disconnect, `/abort_request`) before its prefill
-        started leaves no trace, as SGLang drops it from the waiting queue unseen."""
-        if by_client and req.admitted_at is None:
-            return
+    def on_aborted(self, req: SimRequest) -> None:
         self.aborted.labels(**self._tok).inc()
         self.on_finished(req)
+
+    def on_left(self, req: SimRequest) -> None:
+        """Its client aborted it. One that leaves the queue before its prefill is, in 0.5.23, an abort
+        but not a request, and no tokens (measured: tests/engine/test_contract.py)."""
+        if req.admitted_at is None and not self.legacy:
+            self.aborted.labels(**self._tok).inc()
+        else:
+            self.on_aborted(req)
 
     def render(self, engine: Engine, peak_requests: int = 0) -> bytes:
         s = self._sched
@@ -177,5 +208,27 @@ class SimMetrics:
         self.gen_throughput.labels(**s).set(round(engine.gen_throughput(), 2))
         self.cache_hit_rate.labels(**s).set(0.0)
         self.num_retracted_reqs.labels(**s).set(engine.num_retracted_waiting())
+        if not self.legacy:
+            free = total - engine.used_tokens
+            for part, amount in (("used", engine.used_tokens), ("available", free), ("evictable", 0)):
+                self.kv[part].labels(**s).set(amount)
+            if self.priority_scheduling:
+                self._by_priority(engine)
         self.memory_peak.labels(**s).set(engine.memory_peak(self.memory_window_s))
         return generate_latest(self.registry)
+
+    def _by_priority(self, engine: Engine) -> None:
+        running = [*engine.running, *([engine.chunked] if engine.chunked is not None else [])]
+        counts = {
+            self.num_running_reqs: Tally(_priority(r) for r in running),
+            self.num_queue_reqs: Tally(_priority(r) for r in engine.waiting),
+        }
+        for tally in counts.values():
+            self._priorities.update(tally)
+        for gauge, tally in counts.items():
+            for priority in self._priorities:
+                gauge.labels(**{**self._sched, "priority": priority}).set(tally.get(priority, 0))
+
+
+def _priority(req: SimRequest) -> str:
+    return NO_PRIORITY if req.priority is None else str(req.priority)

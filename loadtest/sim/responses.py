@@ -1,8 +1,13 @@
-"""SGLang's response bodies: OpenAI objects, SSE framing and the error format, built as plain dicts."""
+"""SGLang's response bodies: OpenAI objects, SSE framing and the error format, built as plain dicts.
+
+Two releases (`SimConfig.sglang_version`): 0.5.23, measured against the real server in tests/engine/, and
+0.5.9, whose chunks carry `"usage": null` and every delta key, and whose ids are prefixed (`chatcmpl-`).
+"""
 
 from __future__ import annotations
 
 import time
+from http import HTTPStatus
 from typing import Any
 
 import orjson
@@ -65,14 +70,17 @@ def sse(payload: Any) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-def usage(prompt: int, completion: int) -> dict[str, Any]:
-    return {
+def usage(prompt: int, completion: int, legacy: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
         "prompt_tokens_details": None,
         "reasoning_tokens": 0,
     }
+    if not legacy:
+        out["completion_tokens_details"] = None
+    return out
 
 
 def matched_stop(finish_reason: str) -> int | None:
@@ -80,24 +88,28 @@ def matched_stop(finish_reason: str) -> int | None:
 
 
 class ChunkFactory:
-    """Builds one response's chunks and final body; `chat` selects chat vs. text completion shapes."""
+    """Builds one response's chunks and final body; `chat` selects chat vs. text completion shapes,
+    `legacy` SGLang 0.5.9's shapes (0.5.23's otherwise)."""
 
-    def __init__(self, rid: str, model: str, chat: bool) -> None:
+    def __init__(self, rid: str, model: str, chat: bool, legacy: bool = False) -> None:
         self.rid = rid
         self.model = model
         self.chat = chat
+        self.legacy = legacy
         self.created = int(time.time())
 
     def _envelope(self, choices: list[dict[str, Any]], use: dict[str, Any] | None) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {
+        out = {
             "id": self.rid,
             "object": obj,
             "created": self.created,
             "model": self.model,
             "choices": choices,
-            "usage": use,
         }
+        if use is not None or self.legacy:  # 0.5.23 has no "usage" key on a chunk without usage
+            out["usage"] = use
+        return out
 
     def _choice(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
         stop = matched_stop(finish) if finish else None
@@ -109,12 +121,20 @@ class ChunkFactory:
                 "finish_reason": finish,
                 "matched_stop": stop,
             }
-        delta: dict[str, Any] = {
-            "role": "assistant" if role else None,
-            "content": text,
-            "reasoning_content": None,
-            "tool_calls": None,
-        }
+        delta: dict[str, Any]
+        if self.legacy:
+            delta = {
+                "role": "assistant" if role else None,
+                "content": text,
+                "reasoning_content": None,
+                "tool_calls": None,
+            }
+        else:  # 0.5.23 leaves out what is unset: role only on the first chunk, content not on the last
+            delta = {"reasoning_content": None}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
         return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": stop}
 
     def role_chunk(self) -> bytes:
@@ -127,12 +147,14 @@ class ChunkFactory:
         return sse(self._envelope([self._choice(None if self.chat else "", finish)], None))
 
     def usage_chunk(self, prompt: int, completion: int) -> bytes:
-        return sse(self._envelope([], usage(prompt, completion)))
+        return sse(self._envelope([], usage(prompt, completion, self.legacy)))
 
     def complete(self, text: str, finish: str, prompt: int, completion: int) -> dict[str, Any]:
         stop = matched_stop(finish)
         if self.chat:
-            message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
+            message = {"role": "assistant", "content": text, "reasoning_content": None}
+            if self.legacy:
+                message["tool_calls"] = None
             choice = {
                 "index": 0,
                 "message": message,
@@ -150,16 +172,21 @@ class ChunkFactory:
                 "matched_stop": stop,
             }
             obj = "text_completion"
+        metadata: dict[str, Any] = {"weight_version": "default"}
+        if not self.legacy:
+            metadata["weight_versions"] = [{"version": "default", "start": 0, "end": completion}]
         return {
             "id": self.rid,
             "object": obj,
             "created": self.created,
             "model": self.model,
             "choices": [choice],
-            "usage": usage(prompt, completion),
-            "metadata": {"weight_version": "default"},
+            "usage": usage(prompt, completion, self.legacy),
+            "metadata": metadata,
         }
 
 
-def stream_error(message: str, status: int) -> bytes:
-    return sse({"error": error_body(message, error_type(status), status)})
+def stream_error(message: str, status: int, legacy: bool = False) -> bytes:
+    """An error event inside a stream; 0.5.23 names its type by the status (`SERVICE_UNAVAILABLE`)."""
+    kind = error_type(status) if legacy else HTTPStatus(status).name
+    return sse({"error": error_body(message, kind, status)})

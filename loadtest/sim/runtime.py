@@ -44,7 +44,9 @@ class Handle:
         return self.req.finished_at is not None
 
     async def progress(self) -> AsyncIterator[int]:
-        """Yield the total number of tokens generated each time it grows; ends when the request ends."""
+        """Yield the total number of tokens generated each time it grows; ends when the request ends,
+        after yielding what was made while the reader was away (a slow client, a stream whose headers
+        wait for its first event), so the last tokens are never dropped."""
         seen = 0
         while True:
             await self.changed.wait()
@@ -53,6 +55,8 @@ class Handle:
                 seen = self.req.generated
                 yield seen
             if self.finished:
+                if self.req.generated > seen:
+                    yield self.req.generated
                 return
 
 
@@ -98,7 +102,7 @@ class EngineRunner:
         req = self.engine.abort(rid)
         if req is None:
             return False
-        self.metrics.on_aborted(req, by_client=True)
+        self.metrics.on_left(req)
         if handle is not None:
             handle.changed.set()
         return True

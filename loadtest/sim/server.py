@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -31,7 +33,6 @@ from loadtest.sim.runtime import EngineRunner, VirtualClock
 from loadtest.sim.tokens import PromptCount, PromptCounter, PromptError
 
 log = logging.getLogger("loadtest.sim")
-VERSION = "0.5.9"  # the SGLang release whose surface and scheduler this simulator follows
 PROMETHEUS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CONTENT_TYPE_ERROR = (
     "[{'loc': ['header', 'content-type'], 'msg': \"Unsupported Media Type: Only 'application/json' is "
@@ -48,7 +49,12 @@ class SimBackend:
         self.model = config.model or self.profile.served_model_name
         engine_config, self.memory = config.build(self.profile)
         self.engine = Engine(engine_config, self.profile.costs, memory=self.memory)
-        self.metrics = SimMetrics(self.model, memory_window_s=config.time_scale)
+        self.metrics = SimMetrics(
+            self.model,
+            memory_window_s=config.time_scale,
+            legacy=config.legacy,
+            priority_scheduling=config.enable_priority_scheduling,
+        )
         self.faults = FaultInjector(config.faults, seed=config.seed)
         self.counter = PromptCounter(self.profile)
         self.runner: EngineRunner | None = None
@@ -60,7 +66,9 @@ class SimBackend:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self.clock = VirtualClock(self.config.time_scale)
         self.runner = EngineRunner(self.engine, self.clock, self.metrics)
-        self.generator = Generator(self.profile, self.runner, self.faults, self.config.seed)
+        self.generator = Generator(
+            self.profile, self.runner, self.faults, self.config.seed, legacy=self.config.legacy
+        )
         self.embedder = Embedder(self.counter, self.runner, self.faults, self.generator.context_len)
         self.runner.start()
         try:
@@ -117,6 +125,14 @@ class SimBackend:
             raise PromptError("model: Field required (a string).")
         if int_field(body, "n", minimum=1) not in (None, 1):
             raise PromptError("n > 1 is not supported by the simulated backend.")
+        temperature = body.get("temperature")
+        if temperature is not None and not (
+            isinstance(temperature, int | float)
+            and not isinstance(temperature, bool)
+            and math.isfinite(temperature)
+            and temperature >= 0
+        ):
+            raise PromptError(f"temperature must be a non-negative finite number, got {temperature!r}.")
         if kind == "chat":
             prompt = self.counter.chat(body.get("messages"))
             max_new = int_field(body, "max_completion_tokens", "max_tokens")
@@ -257,7 +273,7 @@ class SimBackend:
                 "max_total_num_tokens": m.pool_tokens,
                 "max_req_input_len": self.profile.context_length - 1,
                 "internal_states": [internal],
-                "version": VERSION,
+                "version": self.config.sglang_version,
             }
         )
 
@@ -298,9 +314,11 @@ class SimBackend:
         )
 
     async def loads(self, request: Request) -> Response:
-        e = self.engine
+        """SGLang 0.5.23's /v1/loads: per DP rank, the counts 0.5.23 reports that the model has (no
+        disaggregation, no prefix cache); 0.5.9's shorter document with `--sglang-version 0.5.9`."""
+        e, m = self.engine, self.memory
         total = e.config.max_total_tokens
-        load = {
+        load: dict[str, Any] = {
             "dp_rank": 0,
             "num_running_reqs": e.num_running,
             "num_waiting_reqs": len(e.waiting),
@@ -311,7 +329,36 @@ class SimBackend:
             "cache_hit_rate": 0.0,
             "max_running_requests": e.config.max_running_requests,
         }
-        return json_response({"timestamp": time.time(), "dp_rank_count": 1, "loads": [load]})
+        if self.config.legacy:
+            return json_response({"timestamp": time.time(), "dp_rank_count": 1, "loads": [load]})
+        load.update(
+            timestamp=time.time(),
+            num_total_tokens=e.used_tokens,
+            num_active_tokens=e.used_tokens,
+            utilization=0.0,
+            memory={
+                "weight_gb": round(m.weight_bytes / 1e9, 3),
+                "kv_cache_gb": round(m.pool_tokens * m.kv_bytes_per_token / 1e9, 3),
+                "graph_gb": round(m.graph_bytes / 1e9, 3),
+                "token_capacity": m.pool_tokens,
+            },
+            queues={
+                "waiting": len(e.waiting),
+                "grammar": 0,
+                "paused": 0,
+                "retracted": 0,
+                "prealloc_ready": 0,
+            },
+        )
+        return json_response(
+            {
+                "timestamp": datetime.now(UTC).isoformat(),
+                "version": self.config.sglang_version,
+                "accelerator": None,
+                "num_accelerators": 1,
+                "loads": [load],
+            }
+        )
 
     async def abort_request(self, request: Request) -> Response:
         body = await self._body(request, openai=False)

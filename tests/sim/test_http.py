@@ -54,7 +54,7 @@ def test_openai_sync_non_streaming_has_usage_and_exact_length(sim: ServerThread)
         max_tokens=7,
         extra_body={"ignore_eos": True},
     )
-    assert r.object == "chat.completion" and r.model == "any" and r.id.startswith("chatcmpl-")
+    assert r.object == "chat.completion" and r.model == "any" and len(r.id) == 32  # 0.5.23: a bare uuid
     assert r.choices[0].finish_reason == "length"
     assert r.choices[0].message.content == output_text(0, 7)
     assert r.usage is not None and (r.usage.prompt_tokens, r.usage.completion_tokens) == (3 + 4 + 1 + 2, 7)
@@ -96,23 +96,35 @@ def test_raw_sse_chunk_sequence_is_sglangs(sim: ServerThread) -> None:
     assert events[-1] == "[DONE]"
     chunks = [orjson.loads(e) for e in events[:-1]]
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and len({c["id"] for c in chunks}) == 1
+    assert all("usage" not in c for c in chunks[:-1])  # 0.5.23: no key at all before the usage chunk
+    assert chunks[0]["choices"][0]["delta"] == {"reasoning_content": None, "role": "assistant", "content": ""}
+    content, finish, use = chunks[1:-2], chunks[-2], chunks[-1]
+    assert "".join(c["choices"][0]["delta"]["content"] for c in content) == output_text(0, 4)
+    assert all(c["choices"][0]["finish_reason"] is None for c in content)
+    assert finish["choices"][0]["finish_reason"] == "length"
+    assert finish["choices"][0]["delta"] == {"reasoning_content": None}
+    assert (
+        use["choices"] == []
+        and use["usage"]["completion_tokens"] == 4
+        and use["usage"]["total_tokens"] == 4 + 9
+    )
+
+
+def test_sglang_0_5_9s_chunks_carry_every_key_and_prefixed_ids() -> None:
+    with serve(create_app(SimConfig(time_scale=FAST, seed=3, sglang_version="0.5.9"))) as server:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = httpx.post(server.url + "/v1/chat/completions", json=body | {"stream": True, "ignore_eos": True})
+        chunks = [orjson.loads(e) for e in _events(r.text)[:-1]]
+        info = httpx.get(server.url + "/server_info").json()
+    assert chunks[0]["id"].startswith("chatcmpl-") and info["version"] == "0.5.9"
+    assert all(c["usage"] is None for c in chunks)
     assert chunks[0]["choices"][0]["delta"] == {
         "role": "assistant",
         "content": "",
         "reasoning_content": None,
         "tool_calls": None,
     }
-    content, finish, use = chunks[1:-2], chunks[-2], chunks[-1]
-    assert "".join(c["choices"][0]["delta"]["content"] for c in content) == output_text(0, 4)
-    assert all(c["choices"][0]["finish_reason"] is None for c in content)
-    assert (
-        finish["choices"][0]["finish_reason"] == "length" and finish["choices"][0]["delta"]["content"] is None
-    )
-    assert (
-        use["choices"] == []
-        and use["usage"]["completion_tokens"] == 4
-        and use["usage"]["total_tokens"] == 4 + 9
-    )
+    assert chunks[-1]["choices"][0]["delta"]["content"] is None
 
 
 def test_completions_stream_and_non_stream(sim: ServerThread) -> None:
@@ -128,6 +140,7 @@ def test_completions_stream_and_non_stream(sim: ServerThread) -> None:
         "total_tokens": 4,
         "prompt_tokens_details": None,
         "reasoning_tokens": 0,
+        "completion_tokens_details": None,
     }
     s = httpx.post(
         sim.url + "/v1/completions", json={"model": "m", "prompt": "abcd", "max_tokens": 3, "stream": True}
@@ -192,7 +205,7 @@ def test_server_info_is_sglang_0_5_9s_and_the_old_route_warns_per_call(
     assert info["max_total_num_tokens"] == 917_980  # derived from the profile's memory (test_memory)
     assert info["max_total_tokens"] is None and info["mem_fraction_static"] == 0.834
     assert info["max_running_requests"] == profile.engine.max_running_requests
-    assert info["status"] == "ready" and info["version"] == "0.5.9"
+    assert info["status"] == "ready" and info["version"] == "0.5.23"
     assert info["max_req_input_len"] == profile.context_length - 1
     assert info["enable_priority_scheduling"] is False and info["schedule_policy"] == "fcfs"
     [state] = info["internal_states"]

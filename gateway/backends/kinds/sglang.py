@@ -1,8 +1,9 @@
 """The plain SGLang server (`kind: sglang`): OpenAI routes, `sglang:*` metrics, one batching engine.
 
-Probes: `/health` every tick; when healthy, `/metrics` (`sglang:*` gauges, combined over data-parallel
-ranks) every tick and the server's settings (`/server_info`, or `/get_server_info` on servers older than
-0.5.9) once per healthy spell.
+Probes: `/health` every tick; when healthy, the load every tick — `/v1/loads` (running, waiting, KV in use,
+the caps; one JSON document, no `--enable-metrics` needed), or on a server without that route (404, asked
+again after a restart) the `sglang:*` gauges of `/metrics`, combined over data-parallel ranks — and the
+server's settings (`/server_info`, or `/get_server_info` on servers older than 0.5.9) once per healthy spell.
 
 Shaping: the body goes as the client sent it, except `priority`, which is the gateway's to set — the
 dispatch's engine priority on a pool whose engines schedule by priority (`priority_scheduling`), removed
@@ -38,7 +39,12 @@ from gateway.backends.kinds.base import (
     get_health,
 )
 from gateway.backends.kinds.errors import upstream_error
-from gateway.backends.kinds.sglang_scrape import INFO_ROUTES, apply_metrics_text, apply_server_info
+from gateway.backends.kinds.sglang_scrape import (
+    INFO_ROUTES,
+    apply_loads,
+    apply_metrics_text,
+    apply_server_info,
+)
 from gateway.backends.kinds.shapes import to_content_parts
 from gateway.backends.state import BackendState
 from gateway.config import PoolConfig
@@ -63,6 +69,9 @@ class SGLang(BackendKind):
     def __init__(self, config: PoolConfig) -> None:
         self.priority_scheduling = config.priority_scheduling
         self._informed: set[str] = set()  # backends whose /server_info was read since they became healthy
+        self._without_loads: set[str] = (
+            set()
+        )  # backends that answered /v1/loads 404 since they became healthy
 
     def payload(self, body: dict[str, Any], engine_priority: int) -> bytes:
         to_content_parts(body)
@@ -78,6 +87,7 @@ class SGLang(BackendKind):
         healthy, _ = await get_health(session, state.url)
         if not healthy:
             self._informed.discard(state.url)  # a server that comes back may have been restarted
+            self._without_loads.discard(state.url)
             return False
         await self._scrape(session, state, clock)
         return True
@@ -88,12 +98,24 @@ class SGLang(BackendKind):
         try:
             if state.url not in self._informed:
                 await self._server_info(session, state)
+            if state.url not in self._without_loads and await self._loads(session, state):
+                state.last_scrape = clock()
+                return
             async with session.get(state.url + "/metrics", timeout=PROBE_TIMEOUT) as resp:
                 if resp.status == 200:
                     apply_metrics_text(state, (await resp.read()).decode("utf-8", "replace"))
                     state.last_scrape = clock()
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError, ValueError) as e:
             log.debug("scrape of %s failed: %s", state.name, e)
+
+    async def _loads(self, session: aiohttp.ClientSession, state: BackendState) -> bool:
+        """True when `/v1/loads` answered a load the state now holds; a 404 marks the server as one
+        without the route (read from /metrics until it restarts)."""
+        async with session.get(state.url + "/v1/loads", timeout=PROBE_TIMEOUT) as resp:
+            if resp.status == 404:
+                self._without_loads.add(state.url)
+                return False
+            return resp.status == 200 and apply_loads(state, orjson.loads(await resp.read()))
 
     async def _server_info(self, session: aiohttp.ClientSession, state: BackendState) -> None:
         """Read the server's settings once per healthy spell (they change only with a restart), from the

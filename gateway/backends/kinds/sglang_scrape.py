@@ -1,4 +1,8 @@
-"""Read the load signals the dispatcher needs from an SGLang backend's /metrics and /server_info.
+"""Read the load signals the dispatcher needs from an SGLang backend's /v1/loads, /metrics and /server_info.
+
+`/v1/loads` (SGLang 0.5.10 and later; 0.5.23 answers it without `--enable-metrics`) gives per data-parallel
+rank the running and waiting requests, the KV tokens in use and the pool and running caps in one JSON
+document; servers without it (404) are read from their `sglang:*` gauges instead.
 
 Data-parallel ranks: SGLang reports each DP rank's scheduler separately (`dp_rank` label on the gauges,
 one `internal_states` entry per rank in /server_info), and with `enable_metrics_for_all_schedulers` every
@@ -27,30 +31,81 @@ _COUNTS = {
     "sglang:num_queue_reqs": "queue_reqs",
 }
 _RATIOS = {"sglang:token_usage": "token_usage"}
+# SGLang 0.5.10+ splits the pool three ways: held by requests, free, and cached by the radix tree but
+# reclaimable; `kv_used_tokens` is `num_used_tokens` by another name, and the three add up to the pool.
+_KV_PARTS = {
+    "sglang:kv_used_tokens": "used",
+    "sglang:kv_available_tokens": "available",
+    "sglang:kv_evictable_tokens": "evictable",
+}
 INFO_ROUTES = ("/server_info", "/get_server_info")
 """SGLang 0.5.9's route first; `/get_server_info` (deprecated there: a warning logged per call) for older
 servers, asked only when the new one is not found."""
+
+
+def _whole_scheduler(labels: dict[str, str]) -> bool:
+    """With `--enable-priority-scheduling` the request gauges carry a `priority` label: one series per
+    priority in use plus `priority=""` for the whole scheduler, the only one that is not a part of it."""
+    return labels.get("priority", "") == ""
 
 
 def apply_metrics_text(state: BackendState, text: str) -> None:
     """Store each gauge on the state, combined over the backend's data-parallel ranks."""
     ranks: dict[str, dict[str, float]] = {}  # field → dp rank → value
     for family in text_string_to_metric_families(text):
-        field = _COUNTS.get(family.name) or _RATIOS.get(family.name)
+        field = _COUNTS.get(family.name) or _RATIOS.get(family.name) or _KV_PARTS.get(family.name)
         if field is None:
             continue
         values = ranks.setdefault(field, {})
         for sample in family.samples:
-            if sample.name == family.name and math.isfinite(sample.value):
+            if sample.name == family.name and math.isfinite(sample.value) and _whole_scheduler(sample.labels):
                 rank = sample.labels.get("dp_rank", "")
                 values[rank] = max(values.get(rank, sample.value), sample.value)
-    for field, values in ranks.items():
-        if not values:
-            continue
+    totals = {field: sum(values.values()) for field, values in ranks.items() if values}
+    if "used" in totals:
+        totals.setdefault("used_tokens", totals["used"])
+    if "max_total_tokens" not in totals and {"used", "available", "evictable"} <= totals.keys():
+        totals["max_total_tokens"] = totals["used"] + totals["available"] + totals["evictable"]
+    for field, total in totals.items():
         if field == "token_usage":
-            state.token_usage = max(values.values())
-        else:
-            setattr(state, field, int(sum(values.values())))
+            state.token_usage = max(ranks[field].values())
+        elif field in _COUNTS.values():
+            setattr(state, field, int(total))
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+_LOADS_COUNTS = {
+    "num_running_reqs": "running_reqs",
+    "num_waiting_reqs": "queue_reqs",
+    "num_used_tokens": "used_tokens",
+    "max_total_num_tokens": "max_total_tokens",
+    "max_running_requests": "max_running_requests",
+}
+
+
+def apply_loads(state: BackendState, body: Any) -> bool:
+    """Store `/v1/loads`: counts and caps summed over the data-parallel ranks, the fullest rank's KV
+    ratio. False (nothing stored) unless every rank reports every count as a non-negative integer."""
+    ranks = body.get("loads") if isinstance(body, dict) else None
+    if not isinstance(ranks, list) or not ranks or not all(isinstance(r, dict) for r in ranks):
+        return False
+    totals: dict[str, int] = {}
+    for key, field in _LOADS_COUNTS.items():
+        values = [_count(r.get(key)) for r in ranks]
+        if any(v is None for v in values):
+            return False
+        totals[field] = sum(v for v in values if v is not None)
+    if totals["max_total_tokens"] == 0 or totals["max_running_requests"] == 0:
+        return False
+    for field, total in totals.items():
+        setattr(state, field, total)
+    usage = [r.get("token_usage") for r in ranks]
+    if all(isinstance(u, int | float) and math.isfinite(u) for u in usage):
+        state.token_usage = float(max(usage))
+    return True
 
 
 def _positive_int(value: Any) -> int | None:
