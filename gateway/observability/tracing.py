@@ -16,6 +16,7 @@ gateway/pipeline.py holds no tracing code:
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextvars
 import functools
@@ -111,10 +112,13 @@ class TracedUpstream(Upstream):
         *,
         connect_timeout: float,
         sent: Callable[[], None] | None = None,
+        keep: Callable[[asyncio.Future[Response], Callable[[], None]], None] | None = None,
     ) -> Response:
         request = _CURRENT.get()
         if request is None:
-            return await super().post(url, body, headers, connect_timeout=connect_timeout, sent=sent)
+            return await super().post(
+                url, body, headers, connect_timeout=connect_timeout, sent=sent, keep=keep
+            )
         now = time.time_ns()
         if request.attempt is not None:  # the previous attempt failed after its headers: retried
             request.attempt.set_status(Status(StatusCode.ERROR, "retried on another backend"))
@@ -133,7 +137,9 @@ class TracedUpstream(Upstream):
         headers = dict(headers)
         _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
         try:
-            response = await super().post(url, body, headers, connect_timeout=connect_timeout, sent=sent)
+            response = await super().post(
+                url, body, headers, connect_timeout=connect_timeout, sent=sent, keep=keep
+            )
         except BaseException as e:
             span.record_exception(e)
             span.set_status(Status(StatusCode.ERROR, type(e).__name__))
