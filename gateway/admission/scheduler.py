@@ -259,10 +259,15 @@ class PoolScheduler:
                 self._fail(entry, err)
             self._next_sweep = now + settings.queue.recheck_interval_s
             self.dispatcher.standing.recent.forget(now, settings.fairness.share_window_s)
-        ctx = self.decision(settings)
-        budgets, rounds, shield = ctx.budgets, self.dispatcher.rounds, self.dispatcher.shield
-        wake = math.inf
+        shield = self.dispatcher.shield
         shield.rearm()
+        if not self.queue:  # nothing to place: the limits follow the policy, the rest waits for a pass
+            self._sync_limits(settings)  # that has something to decide
+            self.window_s = 0.0
+            return
+        ctx = self.decision(settings)
+        budgets, rounds = ctx.budgets, self.dispatcher.rounds
+        wake = math.inf
         while self.queue:
             if not rounds.is_open(now, budgets):
                 load = self.window_load(now, budgets)
