@@ -58,7 +58,7 @@ class HeadCork:
     """One response's transport: holds the first write (uvicorn's header block) until the next write or
     the end of this loop turn, whichever comes first, and sends both as one. Everything else passes."""
 
-    __slots__ = ("_transport", "_held", "_fresh")
+    __slots__ = ("_fresh", "_held", "_transport")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport

@@ -525,7 +525,8 @@ class CompletionEndpoint:
         else:
             media_type = "application/json"
             try:
-                answer, seconds = read_json(body, scan=len(body))
+                rate = self.gw.estimator.profile(ticket.model).speech_sample_rate
+                answer, seconds = read_json(body, scan=len(body), pcm_rate=rate)
             except orjson.JSONDecodeError:
                 answer, seconds = None, None
             usage = answer.get("usage") if isinstance(answer, dict) else None
@@ -557,7 +558,8 @@ class CompletionEndpoint:
         if ticket.endpoint == "speech" and not up.get("content-type", "").startswith("text/event-stream"):
             await self._relay_audio(ex, ticket, pool, lease, upstream, deadlines, pcm)
             return
-        relay = SSERelay(strip_usage, self.gw.estimator.count_text, pcm.sample_rate if pcm else None)
+        pcm_rate = pcm.sample_rate if pcm else self.gw.estimator.profile(ticket.model).speech_sample_rate
+        relay = SSERelay(strip_usage, self.gw.estimator.count_text, pcm_rate)
         ticket.speech = relay.audio  # its speed is what the backend makes for it now (stage budgets)
         send = ex.send
         ex.started = True
