@@ -25,9 +25,11 @@ def _warm(b: BackendState, key: PrefixKey = CONVERSATION, upto: int = 2) -> None
     b.prefix.sent(PrefixKey(key.keys[:upto], key.ends[:upto]), 0, None)
 
 
-def _choose(pool: list[BackendState], t: Ticket, unstarted: dict[str, int] | None = None, **policy: object):
-    waiting = unstarted or {}
-    return Placement().choose(t, pool, PlacementPolicy.model_validate(policy), lambda url: waiting.get(url, 0))
+def _choose(
+    pool: list[BackendState], t: Ticket, unstarted: dict[str, int] | None = None, **policy: object
+) -> BackendState:
+    rule, waiting = PlacementPolicy.model_validate(policy), unstarted or {}
+    return Placement().choose(t, pool, rule, lambda url: waiting.get(url, 0))
 
 
 def test_first_token_goes_where_the_prefix_is_cached_unless_the_queue_there_outweighs_it() -> None:
