@@ -29,6 +29,12 @@ Scenarios (each a flag-sized run; `--duration` is simulated seconds per run):
 - speech: text chat, chat with audio out and /v1/audio/speech on one simulated sglang-omni server, direct vs
   omnigate (staged capacity); targets: speech RTF P99 < 1, text TTFT P99 within its SLO, peak goodput ≥
   1.5× direct.
+- multiturn: conversations of 3–10 turns (pictures in the first, the history resent every turn, think
+  time between turns) on `--multiturn-backends` engines running SGLang's radix cache, through omnigate
+  with each placement rule: least outstanding tokens, sgl-model-gateway's cache_aware, and the predicted
+  first token (the default). TTFT P99, SLO attainment, goodput and the engines' own prefill per request
+  (prompt − cached, from their usage); target: first_token ≥ 1.3× least_tokens' goodput. The engines
+  restart for each rule (no rule inherits another's cache), and every rule gets the same conversations.
 - lending: the same targets with separate pools — an offline pool of its own engines whose whole
   requests borrow the interactive engines (lending on, `max_load` 1.0) and give them back when an
   interactive request waits; capacity = the offline flood alone on both pools' engines.
@@ -53,6 +59,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._conversations import drive, plan
 from bench._servers import ROOT, Procs, cpu_seconds, free_port, wait_http
 from gateway.policy import Policy, load_policy
 from loadtest.media import MediaCache
@@ -112,11 +119,17 @@ class House:
     """The simulated engines (started once) and one gateway at a time in front of them."""
 
     def __init__(
-        self, procs: Procs, k: float, backends: int, policy: Policy, engine_args: list[str] | None = None
+        self,
+        procs: Procs,
+        k: float,
+        backends: int,
+        policy: Policy,
+        engine_args: list[str] | None = None,
+        name: str = "sim",
     ) -> None:
         self.procs, self.k, self.policy = procs, k, policy
         self.engine_args = engine_args or []  # extra `loadtest.sim` flags for every engine
-        self.sims = [self._sim(f"sim{i}", i) for i in range(backends)]  # the interactive pool's
+        self.sims = [self._sim(f"{name}{i}", i) for i in range(backends)]  # the interactive pool's
         self.offline_sims: list[str] = []  # the offline pool's, started by the first scenario needing it
         self.started: dict[str, float] = {}
 
@@ -152,11 +165,14 @@ class House:
         lend: dict[str, Any] | None = None,
         store: dict[str, Any] | None = None,
         pools: list[dict[str, Any]] | None = None,
+        placement: dict[str, Any] | None = None,
     ) -> Path:
         """The config file (and its policy) of `gateway`; `store` replaces the in-memory tenant store,
-        `pools` the pool of `sims`."""
+        `pools` the pool of `sims`, `placement` the policy's `budgets.placement`."""
         work = self.procs.workdir
         policy = scaled_policy(self.policy, self.k, controller)
+        if placement is not None:
+            policy["budgets"]["placement"] = placement
         if lend is not None:
             budgets = policy["budgets"]
             own = {key: value for key, value in budgets.items() if key != "pools"}
@@ -823,6 +839,65 @@ async def speech(procs: Procs, args: argparse.Namespace, base: Policy) -> list[s
     return lines
 
 
+PLACEMENTS = ("least_tokens", "cache_aware", "first_token")
+MULTITURN_HEADER = (
+    "| placement | turns sent | SLO att. | goodput r/s | TTFT p50/p99 ms | TPOT p99 ms | rejected "
+    "| engine prefill tok/req | cached share |\n|---|---:|---:|---:|---|---:|---:|---:|---:|"
+)
+
+
+def multiturn_row(name: str, records: list[RequestRecord], duration: float) -> tuple[str, float]:
+    """The table row of one placement's run, and its goodput (turns that met the SLO per simulated s)."""
+    slo = Workload.model_validate({"slo": {"ttft_ms": TTFT_SLO_S * 1000, "tpot_ms": TPOT_SLO_S * 1000}}).slo
+    m = summarize(records, slo, duration)
+    answered = [r for r in records if r.ok and r.cached_tokens is not None]
+    prefill = statistics.mean(r.prompt_tokens - (r.cached_tokens or 0) for r in answered) if answered else 0.0
+    prompt = sum(r.prompt_tokens for r in answered)
+    cached = sum(r.cached_tokens or 0 for r in answered) / prompt if prompt else 0.0
+    goodput = sum(1 for r in records if meets_slo(r, slo)) / duration
+    return (
+        f"| {name} | {m['requests']} | {m['slo_attainment']:.1%} | {goodput:.2f} "
+        f"| {_p(m, 'ttft_ms', 'p50')}/{_p(m, 'ttft_ms', 'p99')} | {_p(m, 'tpot_ms', 'p99')} "
+        f"| {m['rejection_rate']:.1%} | {prefill:.0f} | {cached:.0%} |",
+        goodput,
+    )
+
+
+async def multiturn(procs: Procs, args: argparse.Namespace, base: Policy) -> list[str]:
+    """Each placement rule on fresh engines (radix cache on, cache report on) with the same conversations."""
+    k, backends = args.multiturn_time_scale, args.multiturn_backends
+    rate = args.conversation_rate * backends
+    conversations = plan(42, rate, args.duration, args.think_time, args.multiturn_max_tokens)
+    turns = sum(len(c.questions) for c in conversations)
+    out = [
+        f"\n### multiturn — {len(conversations)} conversations ({turns} turns) over {args.duration:g} s on "
+        f"{backends} engines, {rate:.2f} conversations/s, think time {args.think_time:g} s\n",
+        MULTITURN_HEADER,
+    ]
+    goodput: dict[str, float] = {}
+    for placement in PLACEMENTS:
+        house = House(
+            procs, k, backends, base, ["--radix-cache", "--enable-cache-report"], name=f"mt-{placement}-"
+        )
+        name = f"gw-mt-{placement}"
+        gw = house.start_gateway(name, house.gateway_config(name, {}, placement={"policy": placement}))
+        try:
+            records = await drive(gw, MODEL, conversations, k, "sk-chat", timeout_s=600 / k)
+        finally:
+            house.stop(name, gw)
+            for sim in [n for n in procs.procs if n.startswith(f"mt-{placement}-")]:
+                proc = procs.procs.pop(sim)
+                proc.terminate()
+                proc.wait(10)
+        line, goodput[placement] = multiturn_row(placement, [r.scaled(k) for r in records], args.duration)
+        out.append(line)
+        print(line, flush=True)
+    gain = goodput["first_token"] / goodput["least_tokens"] if goodput["least_tokens"] else float("inf")
+    out.append("")
+    out.append(verdict("first_token goodput ≥ 1.3× least_tokens", gain >= 1.3, f"{gain:.2f}×"))
+    return out
+
+
 async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="omnigate-sched-") as tmp:
         procs = Procs(Path(tmp))
@@ -840,6 +915,9 @@ async def main_async(args: argparse.Namespace) -> None:
             for scenario in args.scenarios:
                 if scenario == "speech":  # its own simulated server: no plain engines needed
                     report += await speech(procs, args, policy)
+                    continue
+                if scenario == "multiturn":  # engines of its own, restarted per placement rule
+                    report += await multiturn(procs, args, policy)
                     continue
                 if house is None:
                     house = House(procs, args.time_scale, args.backends, policy, engine_args)
@@ -941,6 +1019,18 @@ def main() -> None:
     )
     ap.add_argument(
         "--mix-capacity", type=float, default=CAPACITY_RPS, help="req/s one engine serves of --mix"
+    )
+    ap.add_argument("--multiturn-backends", type=int, default=3, help="multiturn: engines in the pool")
+    ap.add_argument(
+        "--conversation-rate", type=float, default=0.5, help="multiturn: new conversations/s per engine"
+    )
+    ap.add_argument("--think-time", type=float, default=3.0, help="multiturn: mean think time, simulated s")
+    ap.add_argument("--multiturn-max-tokens", type=int, default=64, help="multiturn: median answer cap")
+    ap.add_argument(
+        "--multiturn-time-scale",
+        type=float,
+        default=2.0,
+        help="multiturn: its own time scale (several engines and streamed answers on one box)",
     )
     args = ap.parse_args()
     if args.mix:
