@@ -14,21 +14,15 @@ from starlette.testclient import TestClient
 
 from loadtest.sim.config import SimConfig
 from loadtest.sim.engine import Engine, EngineConfig, SimRequest
-from loadtest.sim.profile import CostModel, load_profile
+from loadtest.sim.profile import load_profile
 from loadtest.sim.radix_cache import PromptPages, RadixCache
 from loadtest.sim.server import create_app
 from loadtest.sim.tokens import PromptCounter
+from tests.sim.test_engine import COSTS as ENGINE_COSTS
 
-# prefill = 10 ms + 1 ms per computed token + 1 ms per encoder token; decode = 10 ms flat
-COSTS = CostModel(
-    prefill_base_s=0.010,
-    prefill_per_token_s=0.001,
-    prefill_attention_per_token2_s=0.0,
-    encoder_per_token_s=0.001,
-    decode_base_s=0.010,
-    decode_per_seq_s=0.0,
-    decode_per_kv_token_s=0.0,
-)
+# test_engine's round-number costs, with 1 ms per encoder token: prefill = 10 ms + 1 ms per computed token
+# + 1 ms per encoder token; decode = 10 ms flat
+COSTS = ENGINE_COSTS.model_copy(update={"encoder_per_token_s": 0.001})
 
 
 def _pages(*parts: tuple[str, int, int]) -> PromptPages:
