@@ -223,6 +223,12 @@ class House:
                 f"  {name}: rejections {snap['rejections']}, final limits {limits}, prefill duties {duties}",
                 flush=True,
             )
+            indexes = [b["prefix_index"] for b in snap["backends"] if b["prefix_index"]["requests"]]
+            if indexes:
+                shares = [(i["predicted_token_share"], i["engine_token_share"]) for i in indexes]
+                print(
+                    f"  {name}: prefix index, cached share predicted/engine per backend {shares}", flush=True
+                )
             if any("budget" in st for b in snap["backends"] for st in b["stages"]):
                 budgets = [{st["stage"]: st["budget"] for st in b["stages"]} for b in snap["backends"]]
                 print(f"  {name}: final stage budgets {budgets}", flush=True)
