@@ -249,6 +249,8 @@ class CompletionEndpoint:
             lease.backend.progress.counted(
                 ticket.bucket, ticket.cost.prompt_tokens, ticket.usage.prompt_tokens
             )
+            if ticket.usage.cached_tokens is not None:
+                lease.backend.prefix.reported(ticket.usage.prompt_tokens, ticket.usage.cached_tokens)
         left = ticket.outcome in (Outcome.PENDING, Outcome.TIMEOUT)
         ended = Outcome.OVERLOADED if ticket.backend_overloaded else ticket.outcome  # a drop for the limit
         if ticket.first_audio_at is not None and ticket.dispatched_at is not None:
@@ -531,9 +533,7 @@ class CompletionEndpoint:
                 answer, seconds = None, None
             usage = answer.get("usage") if isinstance(answer, dict) else None
             if isinstance(usage, dict):
-                ticket.usage = Usage(
-                    int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-                )
+                ticket.usage = reported_usage(usage)
             else:
                 infer(ticket, whole_answer_tokens(answer, self.gw.estimator.count_text))
             ticket.audio_seconds = seconds or 0.0

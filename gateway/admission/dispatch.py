@@ -10,8 +10,10 @@ The dispatcher composes the policy families, each in its own module, and asks ea
 Every call gets the frozen `Decision` (decision.py) the scheduler built for it; the dispatcher's own
 state is only what its dispatches left behind (slots held, the round, prompts not started, turnover).
 
-Among backends that fit: least outstanding estimated tokens (then fewest active, then URL); the traffic
-the shield protects goes where the fewest prompt tokens wait for their prefill.
+Among backends that fit: the pool's placement rule (placement.py: by default where the first token is
+predicted soonest, the prefix each backend is expected to hold cached counted); the traffic the shield
+protects goes where the fewest prompt tokens wait for their prefill. Every prefill budget counts a prompt
+less the prefix its backend is expected to hold cached (gateway/backends/prefix_index.py).
 
 Head-of-line: a request that is out only because of its own constraints (its bucket is at cap on every
 backend, or it excludes the backends that have room) is skipped, so a multi_image at its cap never
@@ -24,12 +26,14 @@ smaller prompts pass it, the time is the engine's, not theirs to wait for.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from gateway.admission.blocks import Block
 from gateway.admission.budgets import bucket_full, kv_miss, occupy, own_backends, vacate
 from gateway.admission.decision import Decision
 from gateway.admission.decode_share import PrefillSeen
+from gateway.admission.placement import Placement
 from gateway.admission.queue import Entry
 from gateway.admission.rounds import Rounds
 from gateway.admission.settings import ShieldPolicy
@@ -51,6 +55,7 @@ class Dispatcher:
         self.shield = Shield()
         self.turnover: dict[str, SlotTurnover] = {}
         self.prefill_seen = PrefillSeen()  # what each request's decode shared with prefill (the duty)
+        self.placement = Placement()
 
     def joins_round(self, entry: Entry, ctx: Decision) -> bool:
         """May `entry` go in the current round? Always, unless the round is grouped and it came late —
@@ -86,7 +91,8 @@ class Dispatcher:
         if metered:
             rank = self.standing.rank(ticket, ctx)
             prio = self.standing.engine_priority(ticket, ctx, rank)
-            tokens, url, shield = ticket.cost.prompt_tokens, backend.url, ctx.budgets.shield
+            tokens = ticket.cost.prompt_tokens - backend.prefix.match(ticket.prefix)
+            url, shield = backend.url, ctx.budgets.shield
             if round_budget and self.rounds.over_budget(url, prio, tokens, ctx.budgets):
                 return Block.ROUND_PREFILL
             if self.shield.shielded(tokens, rank, url, shield, ctx.now):
@@ -156,7 +162,9 @@ class Dispatcher:
                             b.url,
                         ),
                     )
-                return entry, min(fitting, key=lambda b: (b.outstanding_tokens, b.active, b.url))
+                placement = ctx.budgets.placement
+                unstarted = functools.partial(self.shield.unstarted, now=ctx.now)
+                return entry, self.placement.choose(entry.ticket, fitting, placement, unstarted)
             if any(miss is not None and not miss.passable for miss in misses):
                 return None
         return None
@@ -217,10 +225,17 @@ class Dispatcher:
         """Account a dispatch on the backend (`release` undoes exactly that) and in the round; returns its
         engine priority. A loan (another pool's request on our backend) spends the round's prefill budget
         but is not our traffic: it neither raises the round's bar nor counts as arrival pressure for the
-        window. `shield`: the request is subject to the shield family (shield.py)."""
+        window. `shield`: the request is subject to the shield family (shield.py). Its prompt's chunks
+        become the backend's most recent (the prefix index), and its budgets count the prompt less the
+        prefix found there."""
         rank = self.standing.rank(ticket, ctx)  # as it stood when it was chosen
         prio = self.standing.engine_priority(ticket, ctx, rank)
-        tokens = ticket.cost.prompt_tokens
+        ticket.cost.cached_tokens = cached = backend.prefix.match(ticket.prefix)
+        if ticket.prefix is not None:
+            capacity = ctx.budgets.placement.index_tokens or backend.max_total_tokens
+            backend.prefix.sent(ticket.prefix, cached, capacity)
+            self.placement.placed(ticket, backend)
+        tokens = ticket.cost.prefill_tokens
         self.shield.sent(
             ticket,
             rank,

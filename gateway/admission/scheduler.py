@@ -149,7 +149,11 @@ class PoolScheduler:
         deadline = effective_deadline(ticket, slo)
         if self.dispatcher.stages is not None:  # speech must leave the queue in time for its first audio
             deadline -= self.dispatcher.stages.first_audio_lag(ticket)
-        entry = Entry(ticket, slo, deadline, weight, now, charge, exclude=excluded, requeued=requeued)
+        usable = (b for b in self.backends if b.url not in excluded)
+        cached = max((b.prefix.match(ticket.prefix) for b in usable), default=0)  # where it will likely go
+        entry = Entry(
+            ticket, slo, deadline, weight, now, charge, exclude=excluded, requeued=requeued, cached=cached
+        )
         self.rate.configure(settings.queue)
         victim = self.guard.admit(entry, now, self._capacity(), self._full_buckets(settings))
         waiter = self._waiters[entry] = Waiter(anyio.Event())
@@ -231,9 +235,10 @@ class PoolScheduler:
             self._loans.remove(lease)
         in_flight = backend.active + backend.peer_active  # the engine's, when replicas share it
         self.dispatcher.release(ticket, backend, self.clock())
-        prompt = (
-            usage.prompt_tokens if usage is not None and usage.prompt_tokens else ticket.cost.prompt_tokens
-        )
+        prompt = ticket.cost.prefill_tokens  # what the engine computed: the prompt less its cached prefix
+        if usage is not None and usage.prompt_tokens:
+            told = usage.cached_tokens  # the engine's own count of it, else the expected one
+            prompt = usage.prompt_tokens - (ticket.cost.cached_tokens if told is None else told)
         if outcome == Outcome.OK and ttft_s is not None:
             self.observe_prefill(prompt, ttft_s)
         now = self.clock()

@@ -145,8 +145,9 @@ class Shield:
         loan: bool,
     ) -> None:
         """A dispatch to `url`. `shield`: a big lower-ranked prompt of our own starts the backend's
-        spacing. A loan neither is spaced nor counts as our rank."""
-        tokens = ticket.cost.prompt_tokens
+        spacing. A loan neither is spaced nor counts as our rank. What it adds there is its prompt less
+        the prefix expected cached on `url`."""
+        tokens = ticket.cost.prefill_tokens
         if shield is not None and not loan and self._lone(tokens, rank, shield, now):
             assert shield.duty is not None  # _lone
             spaced = self.spacing.setdefault(url, {})
