@@ -139,7 +139,8 @@ class Family:
         self.profile = load_profile("default")
         self.outcomes: list[Outcome] = []
         self.admitted: list[RequestRecord] = []  # the adaptive runs' measured records
-        self.probed: list[tuple[int, RequestRecord]] = []  # (workload seed, the forced request's record)
+        # (workload seed, the refused request's record, the same request's when forced in)
+        self.probed: list[tuple[int, RequestRecord, RequestRecord]] = []
 
     async def workload(self, seed: int) -> Outcome:
         args, d = self.args, draw(seed)
@@ -196,13 +197,23 @@ class Family:
         )
         await self._run(house, "counterfactual", {}, replay)
         again = measured(replay)
-        self.probed += [(seed, again[i]) for i in picked]
+        self.probed += [(seed, records[i], again[i]) for i in picked]
         met = sum(met_deadline(again[i]) for i in picked)
         print(f"  counterfactual: {met} of {len(picked)} refusals forced in met the deadline", flush=True)
 
 
 def met_deadline(r: RequestRecord) -> bool:
     return r.ok and r.ttft is not None and r.ttft <= TTFT_SLO_S
+
+
+AT_ONCE_S = 0.1
+"""A refusal answered within this many simulated seconds of its send was made at admission; a later one
+by a sweep of the queue while the request waited."""
+
+
+def refused_at(r: RequestRecord) -> float:
+    """Simulated seconds from the send to the refusal."""
+    return r.e2e if r.e2e is not None else 0.0
 
 
 # -- report ---------------------------------------------------------------------------------------------
@@ -290,13 +301,18 @@ def calibration(fam: Family) -> list[str]:
         if errs:
             p90 = percentile([abs(e) for e in errs], 90)
             out.append(f"| {bucket} | {len(errs)} | {statistics.median(errs):+.0f} | {p90:.0f} |")
-    met = sum(met_deadline(r) for _, r in fam.probed)
+    met = sum(met_deadline(r) for _, _, r in fam.probed)
     n = len(fam.probed)
     verdict = "—" if not n else ("PASS" if met < 0.05 * n else "MISS")
     out.append(
         f"\nCounterfactual: {met} of {n} refused requests, replayed with admission forced, met their "
         f"deadline ({_f(met / n if n else None, '.0%')}); {verdict} target < 5 %."
     )
+    for when, at_once in (("at admission", True), ("while waiting", False)):
+        these = [r for _, refused, r in fam.probed if (refused_at(refused) <= AT_ONCE_S) == at_once]
+        if these:
+            met_here = sum(map(met_deadline, these))
+            out.append(f"- refused {when}: {met_here} of {len(these)} met the deadline forced in")
     return out
 
 
