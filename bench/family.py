@@ -1,7 +1,7 @@
 """Scheduling on traffic nobody tuned for: a seeded family of workloads (issue 39).
 
     .venv/bin/python bench/family.py --quick                     # 2 workloads, a few minutes
-    .venv/bin/python bench/family.py                             # 10 workloads, about 30 minutes
+    .venv/bin/python bench/family.py                             # 10 workloads, about 25 minutes
     .venv/bin/python bench/family.py --seeds 1234567,2345678     # the workloads of an earlier run again
     .venv/bin/python bench/family.py --quick --ablate            # each admission mechanism off in turn
 
