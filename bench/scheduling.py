@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -322,6 +322,7 @@ class Stream:
     label: str
     workload: Workload
     url: str | None = None  # its own target (a replica), else the run's
+    headers_at: dict[int, dict[str, str]] = field(default_factory=dict)  # RunOptions.headers_at
     records: list[RequestRecord] | None = None
     result: dict[str, Any] | None = None
 
@@ -357,7 +358,11 @@ async def run(house: House, url: str, streams: list[Stream]) -> float:
 
     async def one(s: Stream) -> None:
         opts = RunOptions(
-            url=s.url or url, workload=s.workload, scrape_targets=house.engines, scrape_interval=0.25
+            url=s.url or url,
+            workload=s.workload,
+            scrape_targets=house.engines,
+            scrape_interval=0.25,
+            headers_at=s.headers_at,
         )
         records, samples = await execute(opts)
         s.records, s.result = records, build_result(records, samples, opts)

@@ -98,8 +98,17 @@ def client_headers(ticket: Ticket) -> dict[str, str]:
         "x-omnigate-bucket": ticket.bucket,
         "x-omnigate-priority": str(ticket.priority),
         "x-omnigate-estimated-tokens": str(ticket.cost.total_tokens),
+        **_predicted_ttft(ticket),
         **(ticket.rate_limits or {}),
     }
+
+
+def _predicted_ttft(ticket: Ticket) -> dict[str, str]:
+    """The first token admission predicted, from arrival: what a client or a benchmark checks the early
+    rejection's predictor against (absent for a class that does not shed by deadline)."""
+    if ticket.predicted_first_token is None:
+        return {}
+    return {"x-omnigate-predicted-ttft-ms": f"{(ticket.predicted_first_token - ticket.arrival) * 1000:.1f}"}
 
 
 def _pace(backend: BackendState, ticket: Ticket) -> None:

@@ -155,6 +155,7 @@ class Ticket:
     backend_overloaded: bool = False  # the backend refused it for load inside a started stream (a drop)
     rate_limits: dict[str, str] | None = None  # the tenant's x-ratelimit-* headers after admission
     max_queued: int | None = None  # the tenant's requests that may wait in a pool's queue (its quota)
+    predicted_first_token: float | None = None  # what admission judged its deadline by (QueueGuard.admit)
 
     @property
     def queue_seconds(self) -> float:

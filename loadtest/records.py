@@ -8,7 +8,14 @@ from typing import Any
 from gateway.speech.meter import SpeechMeter
 
 # Response headers the gateway sets; recorded verbatim when present (absent against bare SGLang).
-GATEWAY_HEADERS = ("x-omnigate-queue-ms", "x-omnigate-backend", "x-omnigate-bucket", "x-omnigate-priority")
+GATEWAY_HEADERS = (
+    "x-omnigate-queue-ms",
+    "x-omnigate-backend",
+    "x-omnigate-bucket",
+    "x-omnigate-priority",
+    "x-omnigate-predicted-ttft-ms",
+)
+SCALED_HEADERS = ("x-omnigate-queue-ms", "x-omnigate-predicted-ttft-ms")  # times, in ms
 
 # Statuses that mean "the server declined the work" rather than "the server broke".
 REJECT_STATUSES = frozenset({408, 429, 503})
@@ -50,13 +57,22 @@ class RequestRecord:
         """The load generator's own lateness; time deliberately held by the in-flight cap is not lag."""
         return self.sent - self.scheduled - self.outer_wait
 
-    @property
-    def queue_ms(self) -> float | None:
-        raw = self.headers.get("x-omnigate-queue-ms")
+    def header_ms(self, name: str) -> float | None:
+        """A gateway header that holds milliseconds, as a number (None: absent or not a number)."""
+        raw = self.headers.get(name)
         try:
             return float(raw) if raw is not None else None
         except ValueError:
             return None
+
+    @property
+    def queue_ms(self) -> float | None:
+        return self.header_ms("x-omnigate-queue-ms")
+
+    @property
+    def predicted_ttft_ms(self) -> float | None:
+        """The first token the gateway's early rejection predicted at admission, ms from arrival."""
+        return self.header_ms("x-omnigate-predicted-ttft-ms")
 
     @property
     def speech(self) -> SpeechMeter | None:
@@ -79,9 +95,10 @@ class RequestRecord:
         out.audio = [(at * factor, seconds) for at, seconds in self.audio]  # audio seconds are the clip's
         out.e2e = None if self.e2e is None else self.e2e * factor
         out.chunk_times = [c * factor for c in self.chunk_times]
-        q = self.queue_ms
-        if q is not None:
-            out.headers["x-omnigate-queue-ms"] = repr(q * factor)
+        for name in SCALED_HEADERS:
+            ms = self.header_ms(name)
+            if ms is not None:
+                out.headers[name] = repr(ms * factor)
         return out
 
     def to_json(self) -> dict[str, Any]:

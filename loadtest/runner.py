@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from loadtest.arrivals import constant_shape, schedule
@@ -43,6 +43,9 @@ class RunOptions:
     progress: bool = False
     cache_dir: Path | None = None
     max_in_flight: int | None = None  # outer admission layer: at most this many at the server at once
+    # extra headers for measured requests by their index in the phase (one worker): a replay that
+    # changes how one request is handled, not which requests are sent (bench/family.py's counterfactual)
+    headers_at: dict[int, dict[str, str]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -159,8 +162,11 @@ class Worker:
 
     async def open_loop(self, plan: Plan, origin: float) -> None:
         reqs = plan.requests
+        extra = self.opts.headers_at if plan.phase == "measured" else {}
         for i, off in enumerate(plan.offsets):
             req = reqs[i] if reqs is not None else self.factory.next()  # built before the wait: no lag
+            if i in extra:
+                req = replace(req, headers={**req.headers, **extra[i]})
             due = origin + off
             delay = due - time.perf_counter()
             if delay > 0:

@@ -369,6 +369,16 @@ class ControllerPolicy(Frozen):
     gain: float = Field(
         default=0.02, gt=0, le=1, description="Target: per sample, limit ← limit · (aim / recent P90)^gain."
     )
+    duty: bool = Field(
+        default=True,
+        description="Target: derive the prefill duty from the decode step (false: the duty stays 1, the "
+        "metered rounds give prefill the whole measured rate; an off switch for ablation, bench/family.py).",
+    )
+    tail_shape: bool = Field(
+        default=True,
+        description="Target: aim the recent P90 below headroom by the mix's P99 / P90 (false: aim it at "
+        "headroom itself; an off switch for ablation, bench/family.py).",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> ControllerPolicy:

@@ -17,7 +17,9 @@ band below it (503 `displaced`), else it is refused (503 `queue_full`). Every cl
 max wait (503 `queue_timeout`). A request queued again after its dispatch (`Entry.requeued`: a loan
 revoked, or its backend failed before the first byte) was admitted: it is never
 refused, shed by deadline or displaced, and bound by its max wait only while no backend is available (it
-would wait for nothing). Every refusal is counted by (reason, class).
+would wait for nothing). Every refusal is counted by (reason, class). An admitted request keeps the first
+token it was judged by (`Ticket.predicted_first_token`; its response says it, `x-omnigate-predicted-ttft-ms`),
+so the predictor's calibration is measurable from outside (bench/family.py).
 """
 
 from __future__ import annotations
@@ -150,9 +152,10 @@ class QueueGuard:
             self.queue.push(entry)
             return None
         entries_ahead, ahead = self.queue.ahead_of(entry, full)
-        refusal = self._unattainable(entry, now, backends, ahead, entries_ahead, self.slot_wait)
+        refusal, first = self._unattainable(entry, now, backends, ahead, entries_ahead, self.slot_wait)
         if refusal is not None:
             raise refusal
+        entry.ticket.predicted_first_token = first
         cls = entry.ticket.traffic_class
         victim = None
         if self.queue.class_depth(cls) >= entry.slo.max_queue_depth:
@@ -198,7 +201,7 @@ class QueueGuard:
         kept = Ahead(full)  # only what stays goes before the entries after it
         for entry in list(self.queue.projected()):
             entries_ahead, ahead = kept.of(entry)
-            refusal = self._unattainable(entry, now, backends, ahead, entries_ahead, slot_wait)
+            refusal, _ = self._unattainable(entry, now, backends, ahead, entries_ahead, slot_wait)
             if refusal is None:
                 kept.add(entry)
             else:
@@ -214,29 +217,30 @@ class QueueGuard:
         ahead: int,
         entries_ahead: int,
         slot_wait: SlotWait | None,
-    ) -> ApiError | None:
-        """The refusal of an entry predicted to miss its deadline; None when it may wait. `ahead`: prefill
-        tokens, `entries_ahead`: requests, dispatched before it (0: the head)."""
+    ) -> tuple[ApiError | None, float | None]:
+        """The refusal of an entry predicted to miss its deadline (None when it may wait), and the first
+        token predicted for one that may (None for a class that does not shed by deadline). `ahead`:
+        prefill tokens, `entries_ahead`: requests, dispatched before it (0: the head)."""
         if not entry.slo.shed_by_deadline or entry.requeued:
-            return None
+            return None, None
 
         def ask() -> float | None:  # asked only where it decides: it costs a dispatcher decision
             return None if slot_wait is None else slot_wait(entry, now, entries_ahead)
 
         head = entries_ahead == 0
         wait = ask() if head else None
-        if head and self._in_time(entry, now, 0, wait):
-            return None
         p = self.predict(entry, now, backends, ahead)
+        if head and self._in_time(entry, now, 0, wait):
+            return None, self._first_token(entry, now, p, wait)
         if p.first_token <= entry.deadline:
             if head:
-                return None
+                return None, self._first_token(entry, now, p, wait)
             wait = ask()
             if self._in_time(entry, now, entries_ahead, wait):
-                return None
+                return None, self._first_token(entry, now, p, wait)
         elif not head:
             wait = ask()  # for the refusal's words
-        return self._deadline_refusal(entry, now, p, wait)
+        return self._deadline_refusal(entry, now, p, wait), None
 
     def _in_time(self, entry: Entry, now: float, entries_ahead: int, wait: float | None) -> bool:
         """Will `entry` get a slot `wait` seconds from now (after the `entries_ahead` before it), and
@@ -246,17 +250,21 @@ class QueueGuard:
             return entries_ahead > 0
         return wait == 0.0 or now + wait + entry.prompt_tokens / self.rate.nominal(now) <= entry.deadline
 
+    def _first_token(self, entry: Entry, now: float, p: Prediction, wait: float | None) -> float:
+        """The predicted first token: the queue's prediction, or later when a slot frees only `wait`
+        seconds from now and the prompt then prefills at the engine's nominal rate."""
+        if wait is None:
+            return p.first_token
+        return max(p.first_token, now + wait + entry.prompt_tokens / self.rate.nominal(now))
+
     def _deadline_refusal(self, entry: Entry, now: float, p: Prediction, wait: float | None) -> ApiError:
         """429 `slo_unattainable` while the pool has its whole capacity (the client asks more than it
         can serve in time); 503 `capacity_unavailable` once it has lost backends (the server's loss: a
         client that backs off as from a 429 would wait for nothing it caused). Either names the predicted
         slot and first token against the deadline; Retry-After is when the predicted wait ends."""
         cls = entry.ticket.traffic_class
-        first = p.first_token
-        slot = "no slot turnover measured"
-        if wait is not None:
-            first = max(first, now + wait + entry.prompt_tokens / self.rate.nominal(now))
-            slot = f"a slot free in {wait:.3f}s"
+        first = self._first_token(entry, now, p, wait)
+        slot = "no slot turnover measured" if wait is None else f"a slot free in {wait:.3f}s"
         budget = entry.slo.deadline_budget_s
         said = (
             f"{slot}, first token predicted in {first - now:.3f}s; the deadline is in "

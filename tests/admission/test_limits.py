@@ -312,6 +312,18 @@ def test_target_derives_the_prefill_duty_from_the_decode_step_under_the_aim() ->
         assert other.prefill_duty == 1.0
 
 
+def test_target_parts_switched_off_for_ablation_leave_the_duty_at_1_and_the_aim_at_headroom() -> None:
+    """`controller.duty` / `tail_shape` false (bench/family.py --ablate): the same samples as above
+    leave the duty at 1, and a tail of 2 no longer lowers the aim."""
+    lim = _target(duty=False, tail_shape=False, gain=1.0, window=4, tail_window=20)
+    for i in range(18):
+        lim.update(Sample(float(i), in_flight=64, tpot_ratio=0.3, prefill_share=0.0))
+    lim.update(Sample(18.0, in_flight=64, tpot_ratio=0.6, prefill_share=0.0))
+    assert lim.prefill_duty == 1.0
+    # with the tail read: aim 0.45, limit 64 · 0.75 = 48; without: aim 0.9, error 1.5, it stays at the max
+    assert lim.aim == pytest.approx(0.9) and lim.limit == 64
+
+
 async def test_the_scheduler_feeds_the_prefill_its_engine_ran_during_the_decode() -> None:
     clock = FakeClock()
     s, seen = _spied_target(clock)

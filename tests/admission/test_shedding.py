@@ -297,3 +297,25 @@ def test_admitted_work_queued_again_outwaits_its_max_wait_only_while_a_backend_i
     assert g.sweep(now=1100.0, backends=1) == []  # past its max wait and its deadline: it keeps its place
     shed = g.sweep(now=1100.0, backends=0)  # nothing left to wait for
     assert [(e, err.status, err.code) for e, err in shed] == [(again, 503, "queue_timeout")]
+
+
+def test_an_admitted_request_keeps_the_first_token_it_was_judged_by() -> None:
+    """The queue's prediction for one behind others, the later slot for a head waiting on one, and none
+    for a class that does not shed by deadline (bench/family.py checks them against the actual TTFT)."""
+    room: dict[str, float | None] = {"wait": None}
+    rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=1000.0))
+    g = QueueGuard(
+        SLOQueue(VirtualTokenCounters()), rate, "interactive", slot_wait=lambda e, now, ahead: room["wait"]
+    )
+    offline = entry(ticket(priority=10, prompt=250), NO_SHED)
+    g.admit(offline, now=1000.0, backends=1)
+    assert offline.ticket.predicted_first_token is None
+    behind = entry(ticket(priority=5, prompt=125))  # 250 ahead, then its own 125, at 1000 tokens/s
+    g.admit(behind, now=1000.0, backends=1)
+    assert behind.ticket.predicted_first_token == 1000.375
+    g.queue.remove(offline)
+    g.queue.remove(behind)
+    room["wait"] = 0.5  # the head waits half a second for a slot, then prefills at the nominal rate
+    head = entry(ticket(priority=5, prompt=250))
+    g.admit(head, now=1000.0, backends=1)
+    assert head.ticket.predicted_first_token == 1000.75

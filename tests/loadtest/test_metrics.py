@@ -90,6 +90,7 @@ def test_error_bursts_flag_crash_like_failures_only() -> None:
 
 
 def test_scaled_records_expand_times() -> None:
-    r = rec(1.0, 0.1, 0.5, 3, headers={"x-omnigate-queue-ms": "2"}).scaled(10)
-    assert (r.sent, r.ttft, r.e2e, r.queue_ms) == (10.0, 1.0, 5.0, 20.0)
+    headers = {"x-omnigate-queue-ms": "2", "x-omnigate-predicted-ttft-ms": "0.5"}
+    r = rec(1.0, 0.1, 0.5, 3, headers=headers).scaled(10)
+    assert (r.sent, r.ttft, r.e2e, r.queue_ms, r.predicted_ttft_ms) == (10.0, 1.0, 5.0, 20.0, 5.0)
     assert r.chunk_times == pytest.approx([1.0, 3.0, 5.0])

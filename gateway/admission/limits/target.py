@@ -76,7 +76,7 @@ class TargetLimit(Bounded):
             del self._sorted[bisect_left(self._sorted, self._ratios[0])]
         self._ratios.append(ratio)
         insort(self._sorted, ratio)
-        if sample.prefill_share is not None:
+        if sample.prefill_share is not None and p.duty:
             self._steps.append(sample.tpot_ratio * (1.0 - sample.prefill_share))
             if len(self._steps) == p.window:
                 step = statistics.median(self._steps)
@@ -85,7 +85,7 @@ class TargetLimit(Bounded):
             return
         whole = self._sorted
         recent = sorted(islice(self._ratios, len(self._ratios) - p.window, None))
-        tail = min(MAX_TAIL, max(1.0, quantile(whole, 0.99) / quantile(whole, 0.9)))
+        tail = min(MAX_TAIL, max(1.0, quantile(whole, 0.99) / quantile(whole, 0.9))) if p.tail_shape else 1.0
         self.aim = p.headroom / tail
         self.recent_q90 = quantile(recent, 0.9)
         error = min(2.0, max(0.5, self.aim / self.recent_q90))
