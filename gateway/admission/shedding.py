@@ -23,8 +23,7 @@ so the predictor's calibration is measurable from outside (bench/family.py) — 
 prediction is a point estimate, and refusing whatever it puts a hair past the deadline refuses about half
 of the requests that would have made it. So a request is refused only when its first token misses the
 deadline even by the predictor's measured early error (`EarlyError`: how much sooner than predicted the
-recent admitted requests' first tokens came, in all but `HONEST_REFUSAL_SHARE` of them) — and no error
-moves a first token before its own prefill from now at the engine's nominal rate.
+recent admitted requests' first tokens came, in all but `HONEST_REFUSAL_SHARE` of them).
 """
 
 from __future__ import annotations
@@ -275,40 +274,31 @@ class QueueGuard:
             return None if slot_wait is None else slot_wait(entry, now, entries_ahead)
 
         self.early.configure(self.rate.policy)
-        early = self.early.at(now)  # missed even by the early error: see the module
+        deadline = entry.deadline + self.early.at(now)  # missed even by the early error: see the module
         head = entries_ahead == 0
         wait = ask() if head else None
         p = self.predict(entry, now, backends, ahead)
-        if head and self._in_time(entry, now, 0, wait, early):
+        if head and self._in_time(entry, now, 0, wait, deadline):
             return None, self._first_token(entry, now, p, wait)
-        if self._meets(entry, now, p.first_token, early):
+        if p.first_token <= deadline:
             if head:
                 return None, self._first_token(entry, now, p, wait)
             wait = ask()
-            if self._in_time(entry, now, entries_ahead, wait, early):
+            if self._in_time(entry, now, entries_ahead, wait, deadline):
                 return None, self._first_token(entry, now, p, wait)
         elif not head:
             wait = ask()  # for the refusal's words
         return self._deadline_refusal(entry, now, p, wait), None
 
     def _in_time(
-        self, entry: Entry, now: float, entries_ahead: int, wait: float | None, early: float
+        self, entry: Entry, now: float, entries_ahead: int, wait: float | None, deadline: float
     ) -> bool:
         """Will `entry` get a slot `wait` seconds from now (after the `entries_ahead` before it), and
-        prefill, in time (`_meets`)? Room now: yes, whatever the rate. Unpredictable slots: no for the
+        prefill, before `deadline`? Room now: yes, whatever the rate. Unpredictable slots: no for the
         head (the queue prediction then decides alone), yes past it (only the prefill prediction speaks)."""
         if wait is None:
             return entries_ahead > 0
-        if wait == 0.0:
-            return True
-        return self._meets(entry, now, now + wait + entry.prompt_tokens / self.rate.nominal(now), early)
-
-    def _meets(self, entry: Entry, now: float, first: float, early: float) -> bool:
-        """Does a first token predicted at `first` meet the deadline, if it comes `early` seconds sooner
-        (the measured early error) — but never sooner than the own prompt can prefill from now at the
-        engine's nominal rate (a request already past its deadline meets it by no error)?"""
-        soonest = now + entry.prompt_tokens / self.rate.nominal(now)
-        return max(first - early, soonest) <= entry.deadline
+        return wait == 0.0 or now + wait + entry.prompt_tokens / self.rate.nominal(now) <= deadline
 
     def _first_token(self, entry: Entry, now: float, p: Prediction, wait: float | None) -> float:
         """The predicted first token: the queue's prediction, or later when a slot frees only `wait`
