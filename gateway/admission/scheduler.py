@@ -220,8 +220,6 @@ class PoolScheduler:
         the engine, and a placement the shield held may go now."""
         self.dispatcher.shield.started(lease.backend.url, lease.ticket)
         self.dispatcher.prefill_seen.started(lease.ticket, lease.backend.url, self.clock())
-        if not lease.loan:  # a loan was judged by its own pool's guard
-            self.guard.first_token(lease.ticket.predicted_first_token, self.clock())
         if self.dispatcher.stages is not None:
             self.dispatcher.stages.started(lease.ticket, lease.backend.url)
         if self.dispatcher.shield.held and self.queue:

@@ -19,11 +19,7 @@ revoked, or its backend failed before the first byte) was admitted: it is never
 refused, shed by deadline or displaced, and bound by its max wait only while no backend is available (it
 would wait for nothing). Every refusal is counted by (reason, class). An admitted request keeps the first
 token it was judged by (`Ticket.predicted_first_token`; its response says it, `x-omnigate-predicted-ttft-ms`),
-so the predictor's calibration is measurable from outside (bench/family.py) — and from inside: a
-prediction is a point estimate, and refusing whatever it puts a hair past the deadline refuses about half
-of the requests that would have made it. So a request is refused only when its first token misses the
-deadline even by the predictor's measured early error (`EarlyError`: how much sooner than predicted the
-recent admitted requests' first tokens came, in all but `HONEST_REFUSAL_SHARE` of them).
+so the predictor's calibration is measurable from outside (bench/family.py).
 """
 
 from __future__ import annotations
@@ -105,41 +101,6 @@ class PrefillRate:
         self.tokens_per_s = max(measured, p.prefill_rate_floor_fraction * p.initial_prefill_tokens_per_s)
 
 
-HONEST_REFUSAL_SHARE = 0.05
-"""Issue 39's bound on the refusals that would have met their deadline: a request is refused only when
-its first token would miss even if it came as early against its prediction as all but this share of the
-recent admitted ones did."""
-
-
-class EarlyError:
-    """How much sooner than predicted first tokens come: the (1 − HONEST_REFUSAL_SHARE) quantile (nearest
-    rank) of predicted − actual over recent admitted requests, never below 0 (a predictor that runs early
-    shifts no refusal later). Kept as the prefill rate's samples are (`prefill_rate_window`,
-    `prefill_rate_max_age_s`, 0 until `prefill_rate_min_samples`): the same recent past judges both."""
-
-    def __init__(self, policy: QueuePolicy) -> None:
-        self.policy = policy
-        self._samples: deque[tuple[float, float]] = deque(maxlen=policy.prefill_rate_window)  # (at, early)
-
-    def configure(self, policy: QueuePolicy) -> None:
-        if policy is not self.policy:
-            self.policy = policy
-            self._samples = deque(self._samples, maxlen=policy.prefill_rate_window)
-
-    def observe(self, predicted: float, actual: float) -> None:
-        """An admitted request predicted to get its first token at `predicted` got it at `actual`."""
-        self._samples.append((actual, predicted - actual))
-
-    def at(self, now: float) -> float:
-        cutoff = now - self.policy.prefill_rate_max_age_s
-        while self._samples and self._samples[0][0] <= cutoff:
-            self._samples.popleft()
-        if len(self._samples) < self.policy.prefill_rate_min_samples:
-            return 0.0
-        ranked = sorted(early for _, early in self._samples)
-        return max(0.0, ranked[max(0, math.ceil((1 - HONEST_REFUSAL_SHARE) * len(ranked)) - 1)])
-
-
 @dataclass(frozen=True, slots=True)
 class Prediction:
     ahead_tokens: int
@@ -171,14 +132,7 @@ class QueueGuard:
         self.pool = pool
         self.slot_wait = slot_wait
         self.capacity_lost = capacity_lost  # what the pool lost (turnover.capacity_lost); None: whole
-        self.early = EarlyError(rate.policy)
         self.rejections: Counter[tuple[str, str]] = Counter()
-
-    def first_token(self, predicted: float | None, now: float) -> None:
-        """An admitted request predicted at `predicted` (its ticket's) got its first token `now`."""
-        if predicted is not None:
-            self.early.configure(self.rate.policy)
-            self.early.observe(predicted, now)
 
     def predict(self, entry: Entry, now: float, backends: float, ahead: int | None = None) -> Prediction:
         """`ahead` defaults to the queue's projection for `entry` (SLOQueue.prefill_ahead)."""
@@ -273,32 +227,28 @@ class QueueGuard:
         def ask() -> float | None:  # asked only where it decides: it costs a dispatcher decision
             return None if slot_wait is None else slot_wait(entry, now, entries_ahead)
 
-        self.early.configure(self.rate.policy)
-        deadline = entry.deadline + self.early.at(now)  # missed even by the early error: see the module
         head = entries_ahead == 0
         wait = ask() if head else None
         p = self.predict(entry, now, backends, ahead)
-        if head and self._in_time(entry, now, 0, wait, deadline):
+        if head and self._in_time(entry, now, 0, wait):
             return None, self._first_token(entry, now, p, wait)
-        if p.first_token <= deadline:
+        if p.first_token <= entry.deadline:
             if head:
                 return None, self._first_token(entry, now, p, wait)
             wait = ask()
-            if self._in_time(entry, now, entries_ahead, wait, deadline):
+            if self._in_time(entry, now, entries_ahead, wait):
                 return None, self._first_token(entry, now, p, wait)
         elif not head:
             wait = ask()  # for the refusal's words
         return self._deadline_refusal(entry, now, p, wait), None
 
-    def _in_time(
-        self, entry: Entry, now: float, entries_ahead: int, wait: float | None, deadline: float
-    ) -> bool:
+    def _in_time(self, entry: Entry, now: float, entries_ahead: int, wait: float | None) -> bool:
         """Will `entry` get a slot `wait` seconds from now (after the `entries_ahead` before it), and
-        prefill, before `deadline`? Room now: yes, whatever the rate. Unpredictable slots: no for the
+        prefill, before its deadline? Room now: yes, whatever the rate. Unpredictable slots: no for the
         head (the queue prediction then decides alone), yes past it (only the prefill prediction speaks)."""
         if wait is None:
             return entries_ahead > 0
-        return wait == 0.0 or now + wait + entry.prompt_tokens / self.rate.nominal(now) <= deadline
+        return wait == 0.0 or now + wait + entry.prompt_tokens / self.rate.nominal(now) <= entry.deadline
 
     def _first_token(self, entry: Entry, now: float, p: Prediction, wait: float | None) -> float:
         """The predicted first token: the queue's prediction, or later when a slot frees only `wait`

@@ -7,7 +7,7 @@ import pytest
 from gateway.admission.fairness import VirtualTokenCounters
 from gateway.admission.queue import SLOQueue
 from gateway.admission.settings import QueuePolicy
-from gateway.admission.shedding import EarlyError, PrefillRate, QueueGuard
+from gateway.admission.shedding import PrefillRate, QueueGuard
 from gateway.errors import ApiError
 from tests.admission.helpers import entry, policy, ticket
 
@@ -319,40 +319,3 @@ def test_an_admitted_request_keeps_the_first_token_it_was_judged_by() -> None:
     head = entry(ticket(priority=5, prompt=250))
     g.admit(head, now=1000.0, backends=1)
     assert head.ticket.predicted_first_token == 1000.75
-
-
-def test_early_error_is_the_95th_percentile_of_how_much_sooner_first_tokens_came() -> None:
-    """Nearest rank over the recent samples, 0 until prefill_rate_min_samples (4) and never below 0;
-    samples older than prefill_rate_max_age_s (30 s) are forgotten."""
-    early = EarlyError(QueuePolicy())
-    for k in range(3):
-        early.observe(predicted=1000.0 + k / 64, actual=1000.0)
-    assert early.at(1000.0) == 0.0  # three samples: the prediction alone decides
-    for k in range(3, 20):
-        early.observe(predicted=1000.0 + k / 64, actual=1000.0)
-    assert early.at(1000.0) == 18 / 64  # the 19th of 20 ranked: all but 5 % came no sooner than this
-    assert early.at(1030.0) == 0.0  # all expired
-    late = EarlyError(QueuePolicy())
-    for _ in range(4):
-        late.observe(predicted=1000.0, actual=1000.5)
-    assert late.at(1000.5) == 0.0  # first tokens that come late move no refusal
-
-
-def test_a_request_is_refused_only_when_it_misses_even_by_the_measured_early_error() -> None:
-    """Recent first tokens came 0.125 s sooner than predicted: a request predicted up to 0.125 s past its
-    deadline is admitted (at enqueue and while it waits), one predicted later is refused."""
-    g = _guard()
-    for k in range(4):
-        g.first_token(predicted=996.125 + k, now=996.0 + k)  # each 0.125 s sooner than predicted
-    g.admit(entry(ticket(priority=10, prompt=250), NO_SHED), now=1000.0, backends=1)  # start 1000.25
-    fits = entry(ticket(priority=5, prompt=375), TIGHT)  # first token 1000.625 = deadline 1000.5 + 0.125
-    g.admit(fits, now=1000.0, backends=1)
-    assert fits.queued
-    with pytest.raises(ApiError):
-        g.admit(entry(ticket(priority=5, prompt=376), TIGHT), now=1000.0, backends=1)
-    g.queue.remove(fits)
-    waiting = entry(ticket(priority=5, prompt=125), TIGHT)  # behind the 250: first token 1000.375
-    g.admit(waiting, now=1000.0, backends=1)
-    assert g.sweep(now=1000.25, backends=1) == []  # 1000.625 ≤ 1000.625
-    shed = g.sweep(now=1000.375, backends=1)  # 1000.75 > 1000.625
-    assert [(e, err.code) for e, err in shed] == [(waiting, "slo_unattainable")]
