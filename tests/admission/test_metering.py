@@ -13,7 +13,7 @@ from gateway.admission.limits import Sample
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import PoolBudgets
 from gateway.errors import ApiError
-from tests.admission.helpers import FakeClock, backends, decision, policy, settle, ticket
+from tests.admission.helpers import FakeClock, backends, decision, miss, policy, settle, ticket
 
 METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_fraction=1.0)
 
@@ -21,16 +21,16 @@ METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_f
 def test_carry_spends_the_following_rounds_until_paid_off() -> None:
     d = Dispatcher()
     b = backends(1)[0]
-    d.rounds.open(0.0, budgets=METERED)
+    d.open_round(0.0, budgets=METERED)
     d.commit(ticket(prompt=3500), b, decision())  # alone into the empty round
-    d.rounds.open(0.1, budgets=METERED)
+    d.open_round(0.1, budgets=METERED)
     assert d.rounds.prefill == {b.url: {0: 2500}}
-    assert d.shared_budget_miss(ticket(prompt=1), b, decision(METERED)) == "round_prefill"
-    d.rounds.open(0.3, budgets=METERED)  # two more rounds paid 2000 of it
+    assert miss(d, ticket(prompt=1), b, decision(METERED)) == "round_prefill"
+    d.open_round(0.3, budgets=METERED)  # two more rounds paid 2000 of it
     assert d.rounds.prefill == {b.url: {0: 500}}
-    assert d.shared_budget_miss(ticket(prompt=500), b, decision(METERED)) is None
-    assert d.shared_budget_miss(ticket(prompt=501), b, decision(METERED)) == "round_prefill"
-    d.rounds.open(0.4, budgets=METERED)
+    assert miss(d, ticket(prompt=500), b, decision(METERED)) is None
+    assert miss(d, ticket(prompt=501), b, decision(METERED)) == "round_prefill"
+    d.open_round(0.4, budgets=METERED)
     assert d.rounds.prefill == {}
 
 
@@ -38,9 +38,9 @@ def test_fixed_budget_carries_nothing() -> None:
     d = Dispatcher()
     b = backends(1)[0]
     fixed = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1)
-    d.rounds.open(0.0, budgets=fixed)
+    d.open_round(0.0, budgets=fixed)
     d.commit(ticket(prompt=3500), b, decision())
-    d.rounds.open(0.1, budgets=fixed)
+    d.open_round(0.1, budgets=fixed)
     assert d.rounds.prefill == {}
 
 
