@@ -153,7 +153,7 @@ class PoolScheduler:
             deadline -= self.stages.first_audio_lag(ticket)
         entry = Entry(ticket, slo, deadline, weight, now, charge, exclude=excluded, requeued=requeued)
         self.rate.configure(settings.queue)
-        victim = self.guard.admit(entry, now, self._capacity(), self._full_buckets(settings))
+        victim = self.guard.admit(entry, now, self.capacity(), self._full_buckets(settings))
         waiter = self._waiters[entry] = Waiter(anyio.Event())
         if victim is not None:
             self._fail(victim, displaced_error())
@@ -252,7 +252,7 @@ class PoolScheduler:
         self.rate.configure(settings.queue)
         if self.queue and now >= self._next_sweep:
             swept = self.guard.sweep(
-                now, self._capacity(), self._sweep_slot_wait(settings), self._full_buckets(settings)
+                now, self.capacity(), self._sweep_slot_wait(settings), self._full_buckets(settings)
             )
             for entry, err in swept:
                 self._fail(entry, err)
@@ -448,7 +448,7 @@ class PoolScheduler:
     def _full_buckets(self, settings: AdmissionSettings) -> frozenset[str]:
         return full_buckets(self.backends, settings.budgets.for_pool(self.pool))
 
-    def _capacity(self) -> float:
+    def capacity(self) -> float:
         """The available backends this pool's queue drains into: all of them, or this replica's part of
         them (its shares) when replicas share the engines — each queue then predicts at its own pace —
         times the prefill duty under adaptive metering (the rounds send prompts at that share of the rate)."""

@@ -61,7 +61,7 @@ def test_gradient_grows_below_setpoint_and_shrinks_above() -> None:
     assert lim.limit == 18
     lim.update(Sample(1.0, in_flight=18, latency_ratio=1.0))
     # long = 0.625; grad = min(1.25, 0.5) / 1.0 = 0.5; new = 9 + sqrt(18); value = 9 + (9 + 4.243) / 2
-    assert lim._value == pytest.approx(18 * 0.5 + (18 * 0.5 + math.sqrt(18)) * 0.5)
+    assert lim.value == pytest.approx(18 * 0.5 + (18 * 0.5 + math.sqrt(18)) * 0.5)
     assert lim.limit == 15
 
 

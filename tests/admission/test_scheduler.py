@@ -84,7 +84,7 @@ async def test_window_groups_prefills_under_load_and_releases_light_load_at_once
     s.pump()
     await settle()
     assert d.done() and e.done()
-    assert s.dispatcher.rounds.prefill == {"http://b0": {0: 512}} and s.dispatcher.rounds.grouped
+    assert s.dispatcher.rounds.prefill == {"http://b0": {0: 512}} and s.snapshot()["round"]["grouped"]
     clock.now = 1000.25  # inside a grouped round: a new arrival waits for the next round
     g = await spawn(s, ticket(prompt=128))
     assert not g.done() and s.next_wake == 1000.296875
@@ -117,7 +117,7 @@ async def test_small_requests_at_a_high_rate_to_a_backend_with_room_are_never_he
         waited.append(lease.ticket.dispatched_at - lease.ticket.arrival)
         running.append((clock.now + 0.005, lease))
     assert waited == [0.0] * 2048 and s.rejections == {}
-    assert not s.dispatcher.rounds.grouped and s.snapshot()["window_s"] == 0.0
+    assert not s.snapshot()["round"]["grouped"] and s.snapshot()["window_s"] == 0.0
     for _, lease in running:
         lease.release(None, "ok")
     _assert_idle(s)
@@ -175,14 +175,14 @@ async def test_higher_band_joins_a_grouped_round_at_once_same_band_waits_for_the
     clock.now = 1000.1875
     s.pump()
     await settle()
-    assert lows[-1].done() and s.dispatcher.rounds.grouped and s.dispatcher.rounds.bar == 0
+    assert lows[-1].done() and s.snapshot()["round"]["grouped"] and s.snapshot()["round"]["bar_priority"] == 0
     clock.now = 1000.25  # mid-round
     late_low = await spawn(s, ticket(priority=0, prompt=256))
     high = await spawn(s, ticket(priority=10, prompt=256))
     second_high = await spawn(s, ticket(priority=10, prompt=256))
     assert high.done() and high.result().ticket.dispatched_at == 1000.25
     assert not late_low.done() and not second_high.done()  # the round now released band 10
-    assert s.dispatcher.rounds.bar == 10 and s.next_wake == 1000.3125
+    assert s.snapshot()["round"]["bar_priority"] == 10 and s.next_wake == 1000.3125
     clock.now = 1000.3125
     s.pump()
     await settle()
@@ -198,7 +198,7 @@ async def test_a_lower_band_window_never_holds_a_higher_band_arrival() -> None:
     clock.now = 1000.15625  # the band-0 window would open at 1000.1875
     high = await spawn(s, ticket(priority=10, prompt=256))
     assert high.done() and lows[-1].done()  # band 10 alone is light: the round opens now, for both
-    assert s.snapshot()["window_s"] == 0.0 and s.dispatcher.rounds.grouped
+    assert s.snapshot()["window_s"] == 0.0 and s.snapshot()["round"]["grouped"]
     for t in [*lows, high]:
         t.result().release(None, "ok")
     _assert_idle(s)

@@ -50,8 +50,9 @@ def test_recent_service_decays_and_dates_corrections_at_the_dispatch() -> None:
     assert r.value("a", 10.0, 10.0) == pytest.approx(1500 / math.e)
     r.forget(100.0, 10.0)  # 1500 · e^-10 ≈ 0.07: kept
     assert r.value("a", 100.0, 10.0) == pytest.approx(1500 * math.exp(-10))
-    r.forget(400.0, 10.0)  # e^-40 of it is below the floor: forgotten, and reads as nothing
-    assert r._service == {} and r.value("a", 400.0, 10.0) == 0.0
+    kept = r.version
+    r.forget(400.0, 10.0)  # e^-40 of it is below the floor: forgotten (a change), and reads as nothing
+    assert r.version == kept + 1 and r.value("a", 400.0, 10.0) == 0.0
 
 
 def test_under_share_compares_with_the_weighted_average_of_the_present_tenants() -> None:

@@ -29,7 +29,7 @@ async def test_a_replica_dispatches_within_its_share_of_the_engine() -> None:
     ctx = s.decision(FIXED_8.admission)
     assert ctx.limits == {pool[0].url: 2}
     assert ctx.budgets.prefill_tokens_per_round == FIXED_8.admission.budgets.prefill_tokens_per_round // 4
-    assert s._capacity() == pytest.approx(1 / 3)  # at least an even split of the 3 replicas
+    assert s.capacity() == pytest.approx(1 / 3)  # at least an even split of the 3 replicas
     (backend,) = s.snapshot()["backends"]
     assert (backend["limit"], backend["shared"]["engine_limit"], backend["shared"]["share"]) == (2, 8, 2)
     for t in tasks[:2]:
