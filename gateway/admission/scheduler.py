@@ -623,8 +623,6 @@ class PoolScheduler:
         self.counters.served(ticket.tenant)
         self.counters.charge(ticket.tenant, entry.charge)
         self.recent.charge(ticket.tenant, entry.charge, now, self._ctx.share_window_s)
-        ticket.backend = backend.url
-        ticket.dispatched_at = now
         lease = Lease(entry, backend, entry.charge, loan, self._release, engine_priority, self._started)
         lease.dispatched_at = now
         self._leases.add(lease)

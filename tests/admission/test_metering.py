@@ -70,14 +70,14 @@ async def test_big_prompts_go_at_the_metered_pace() -> None:
     first = await s.acquire(ticket(arrival=clock.now, prompt=1500))
     second = asyncio.create_task(s.acquire(ticket(arrival=clock.now, prompt=1500)))
     await settle()
-    assert first.ticket.dispatched_at == 1000.0 and not second.done()
+    assert first.dispatched_at == 1000.0 and not second.done()
     clock.now = 1000.1
     s.pump()  # a new round, but 500 tokens of the first prompt are still carried
     await asyncio.sleep(0)
     assert not second.done() and s.snapshot()["backends"][0]["round_prefill_tokens"] == 500
     clock.now = 1000.2
     s.pump()
-    assert (await second).ticket.dispatched_at == 1000.2
+    assert (await second).dispatched_at == 1000.2
 
 
 def test_the_target_limits_duty_scales_the_metered_budget() -> None:
