@@ -8,6 +8,7 @@ import sqlite3
 from pathlib import Path
 
 from gateway.observability.metrics import REGISTRY
+from gateway.relayed import Ending
 from gateway.stages.finish import Finish
 from gateway.tenants.models import Quotas, TenantCreate
 from gateway.tenants.outbox import Entry, Outbox
@@ -94,10 +95,10 @@ async def test_measuring_never_depends_on_the_reconcile() -> None:
 
     finish = Finish(_Failing(), measure, clock=lambda: 5.0)  # type: ignore[arg-type]
     ticket = Ticket(id="r1", model="m", stream=False, arrival=0.0)
-    ticket.outcome, ticket.usage = Outcome.OK, Usage(3, 4)
+    ticket.usage = Usage(3, 4)
     reservation = Reservation("x", None, None, 0.0)  # type: ignore[arg-type]
-    await finish(ticket, reservation, 200, None)
-    assert measured == ["r1"]
+    await finish(ticket, Ending(), reservation, 200, None)
+    assert measured == ["r1"] and ticket.outcome == Outcome.OK
 
 
 async def test_an_outbox_file_that_cannot_be_written_keeps_entries_in_memory(tmp_path: Path) -> None:
