@@ -2,7 +2,7 @@
 straight line.
 
 read + validate → route to pool → (admission stages) → acquire a backend → open upstream (retry once before
-the first byte) → relay → end of the relay: its one result (`Relayed`, gateway/relayed.py) sets the ticket,
+the first byte) → relay → end of the relay: its one result (`Relayed`, gateway/ticket.py) sets the ticket,
 the usage, the learners and releases the lease → finish: the outcome, the charge, the measures. A client
 disconnect at any point cancels the line; the `finally` releases whatever the request held.
 """
@@ -37,14 +37,13 @@ from gateway.proxy import (
     UpstreamTimeout,
     open_upstream,
 )
-from gateway.relayed import Ending, Relayed
 from gateway.speech.events import SPEECH_FORMAT_HEADERS, SPEECH_HEADERS, read_json, speech_seconds
 from gateway.speech.meter import SpeechMeter
 from gateway.speech.pcm import PcmFormat
 from gateway.sse import SSERelay, error_event, leading_error, whole_answer_tokens
 from gateway.stream_end import read_to_usage, reported_usage
 from gateway.tenants.charge import infer, left_waiting
-from gateway.ticket import Outcome, Ticket, Usage
+from gateway.ticket import Ending, Outcome, Relayed, Ticket, Usage
 from gateway.upstream import Response
 
 if TYPE_CHECKING:
@@ -315,10 +314,7 @@ class CompletionEndpoint:
         there. `relayed` None: the relay never began (the client left as its headers went out)."""
         ending = Ending() if relayed is None else relayed.ending
         if relayed is not None:
-            ticket.first_token_at, ticket.last_token_at = relayed.first_token_at, relayed.last_token_at
-            ticket.first_audio_at, ticket.audio_seconds = relayed.first_audio_at, relayed.audio_seconds
-            ticket.rtf, ticket.audio_stalls = relayed.rtf, relayed.audio_stalls
-            ticket.finished_at = relayed.finished_at
+            ticket.relayed, ticket.finished_at = relayed, relayed.finished_at
             if relayed.usage is not None:
                 ticket.usage = relayed.usage
             else:  # cut short, or the engine did not say in time: what was relayed, no more

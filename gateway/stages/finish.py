@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import anyio
 
-from gateway.relayed import Ending
 from gateway.stages.measure import Measure
 from gateway.tenants.charge import billable
 from gateway.tenants.service import Reservation, TenantService
-from gateway.ticket import Outcome, Ticket
+from gateway.ticket import Ending, Outcome, Ticket
 
 log = logging.getLogger("omnigate")
 
@@ -41,9 +41,7 @@ class Finish:
         """`ending` PENDING: answered (OK). `error`: the message alerts and the log carry."""
         if ticket.finished_at is None:  # never relayed: it ends now
             ticket.finished_at = self.clock()
-        ticket.outcome = Outcome.OK if ending.outcome == Outcome.PENDING else ending.outcome
-        ticket.error, ticket.error_status = ending.error, ending.error_status
-        ticket.error_code, ticket.backend_overloaded = ending.error_code, ending.overloaded
+        ticket.ending = replace(ending, outcome=Outcome.OK) if ending.outcome == Outcome.PENDING else ending
         usage = billable(ticket)
         if reservation is not None:
             try:

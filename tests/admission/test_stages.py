@@ -13,7 +13,7 @@ from gateway.backends.kinds import adapter_for
 from gateway.backends.state import BackendState
 from gateway.config import PoolConfig
 from gateway.speech.meter import SpeechMeter
-from gateway.ticket import Cost, Ticket
+from gateway.ticket import Cost, Relayed, Ticket
 from tests.admission.helpers import decision, entry, miss
 
 CTX = decision()
@@ -52,7 +52,7 @@ _n = iter(range(1_000_000))
 
 def _ticket(voice: str | None = None, rtf: float | None = None, **cost: int) -> Ticket:
     t = Ticket(id=f"r{next(_n)}", model="m", stream=True, arrival=0.0, voice=voice, cost=Cost(**cost))
-    t.rtf = rtf
+    t.relayed = Relayed(rtf=rtf)
     return t
 
 
@@ -104,11 +104,11 @@ def test_the_talker_budget_follows_the_streams_real_time_factor() -> None:
     assert _budgets(book, b)["talker"] == 5
     book.release(crowd[1], b, 0.0)  # 7 × 0.8 / 1.6 = 3.5, within one step
     assert _budgets(book, b)["talker"] == 3.5
-    crowd[2].rtf = 0.3
+    crowd[2].relayed = Relayed(rtf=0.3)
     book.release(crowd[2], b, 0.0)  # fast while the budget had no room (6 speaking): one more
     assert _budgets(book, b)["talker"] == 4.5
     for t in crowd[3:]:
-        t.rtf = 0.7
+        t.relayed = Relayed(rtf=0.7)
         book.release(t, b, 0.0)  # within the target, not below 0.8 × 0.75: unchanged
     assert _budgets(book, b)["talker"] == 4.5
     for _ in range(20):
@@ -207,10 +207,10 @@ def test_speech_leaves_the_queue_in_time_for_its_first_audio() -> None:
     assert d.slot_wait(entry(_ticket("default"), now=0.0), [b], ctx, 0.0, 60.0) is None
     assert d.slot_wait(entry(_ticket(), now=0.0), [b], ctx, 0.0, 60.0) == 0.0
     assert book.first_audio_lag(_ticket("default")) == 0.0  # nothing measured yet
-    spoken.dispatched_at, spoken.first_audio_at = 10.0, 10.5
+    spoken.dispatched_at, spoken.relayed = 10.0, Relayed(first_audio_at=10.5)
     d.release(spoken, b, 12.0)
     later = _ticket("default")
-    later.dispatched_at, later.first_audio_at = 20.0, 21.5
+    later.dispatched_at, later.relayed = 20.0, Relayed(first_audio_at=21.5)
     d.commit(later, b, ctx)
     d.release(later, b, 23.0)
     assert book.first_audio_lag(_ticket("default")) == pytest.approx(0.5 + 0.2 * (1.5 - 0.5))

@@ -13,12 +13,12 @@ from gateway.estimate.text import estimate_text_tokens
 from gateway.sse import SSERelay, whole_answer_tokens
 from gateway.stream_end import reported_usage
 from gateway.tenants.charge import Inferred, billable, infer, left_waiting
-from gateway.ticket import Cost, Outcome, Prefill, Ticket, Usage
+from gateway.ticket import Cost, Ending, Outcome, Prefill, Ticket, Usage
 
 
 def _ticket(outcome: Outcome = Outcome.PENDING, reached: bool = True) -> Ticket:
     t = Ticket(id="r", model="m", stream=True, arrival=0.0, cost=Cost(text_tokens=100, vision_tokens=900))
-    t.outcome, t.reached_engine = outcome, reached
+    t.ending, t.reached_engine = Ending(outcome), reached
     return t
 
 
