@@ -135,7 +135,7 @@ def _refused(e: ApiError) -> Outcome:
     return Outcome.REJECTED if e.status in (429, 503) else Outcome.CLIENT_ERROR
 
 
-def _relayed(handed: list[Relayed]) -> Ending:
+def _relay_ending(handed: list[Relayed]) -> Ending:
     """How the relay ended (PENDING: none ran)."""
     return handed[0].ending if handed else Ending()
 
@@ -262,7 +262,7 @@ class CompletionEndpoint:
             ending = Ending(Outcome.CANCELLED)
         except Exception:
             log.exception("request %s failed", ticket.id)
-            ending = replace(_relayed(handed), outcome=Outcome.INTERNAL_ERROR)
+            ending = replace(_relay_ending(handed), outcome=Outcome.INTERNAL_ERROR)
             error = "internal gateway error"
             if not ex.started and not ex.disconnected:
                 ex.status = 500
@@ -271,7 +271,7 @@ class CompletionEndpoint:
                 )
         finally:
             if ending is None:
-                ending = _relayed(handed)
+                ending = _relay_ending(handed)
             if ex.disconnected and ending.outcome in (Outcome.PENDING, Outcome.OK):
                 ending = replace(ending, outcome=Outcome.CANCELLED)
             scope["state"]["access_logged"] = self.gw.access is not None
