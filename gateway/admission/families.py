@@ -34,8 +34,8 @@ class Ask:
 class Tally(Protocol):
     """Keeps what a pool's dispatches hold, or learns from them. An implementation guarantees:
     - `commit` and `release` of one ticket on one backend come in pairs (the dispatcher calls `release`
-      exactly once per `commit`, on the pool that owns the backend, a loan's included); `release` gives
-      back exactly what that `commit` took, so a pool whose requests all ended holds nothing;
+      exactly once per `commit`, on the pool that owns the backend, a loan's included), and `release` ends
+      what that `commit` began: what the family holds for the request goes back, what it learned stays;
     - neither raises, and neither reads another family's state: the dispatcher may call them in any
       order, so its declared order is one of placement only."""
 
@@ -54,9 +54,10 @@ class Budget(Tally, Protocol):
       (`/admin/state` and the queue's predictions ask it as often as placement does);
     - it answers with its own `Block` members only; their properties, not the budget, say whether the
       requests behind may pass and whether a loan may be holding what it lacks;
-    - what it refuses, its `commit` is what makes it refuse: a budget holds nothing it did not count.
-    `lasting` is False for a budget that frees itself in time with no release (the round's prefill, the
-    shield): reclaiming loans and predicting a slot's wait leave those out."""
+    - `lasting` True: only releases free what commits took, and once every dispatch is released it
+      refuses exactly what it refused before they came (slots, a stage, the backend's KV). False: it
+      frees itself in time instead (the round's prefill at the next round, the shield as prefills start
+      and spaced turns come), and reclaiming loans and predicting a slot's wait leave it out."""
 
     lasting: bool
 
