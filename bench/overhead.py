@@ -78,9 +78,11 @@ DEFAULT_POLICY = ROOT / "policies" / "default.yaml"
 BACKEND_PREFILL_TOKENS_PER_S = 1e9
 
 
-def default_policy() -> str:
-    """policies/default.yaml with the prefill prior set to the zero-latency backend's speed."""
-    policy = yaml.safe_load(DEFAULT_POLICY.read_text())
+def default_policy(src: Path | None = None) -> str:
+    """policies/default.yaml (of the tree `src`, else this one: a baseline reads its own policy keys)
+    with the prefill prior set to the zero-latency backend's speed."""
+    path = DEFAULT_POLICY if src is None else src / "policies" / "default.yaml"
+    policy = yaml.safe_load(path.read_text())
     policy.setdefault("queue", {})["initial_prefill_tokens_per_s"] = BACKEND_PREFILL_TOKENS_PER_S
     return yaml.safe_dump(policy)
 
@@ -165,7 +167,13 @@ def start_targets(procs: Procs, args: argparse.Namespace, policy: str) -> list[T
     if args.baseline_src:
         src = Path(args.baseline_src)
         port = start_omnigate(
-            procs, "base", backend, access_log=False, policy=default, src=src, tenant_key=TENANT_KEY
+            procs,
+            "base",
+            backend,
+            access_log=False,
+            policy=default_policy(src),
+            src=src,
+            tenant_key=TENANT_KEY,
         )
         targets.append(Target("default@base", port, ("base",), TENANT_KEY))
     if "default" in want:

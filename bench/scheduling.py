@@ -29,6 +29,12 @@ Scenarios (each a flag-sized run; `--duration` is simulated seconds per run):
 - speech: text chat, chat with audio out and /v1/audio/speech on one simulated sglang-omni server, direct vs
   omnigate (staged capacity); targets: speech RTF P99 < 1, text TTFT P99 within its SLO, peak goodput ≥
   1.5× direct.
+- multiturn: conversations of 3–10 turns (pictures in the first, the history resent every turn, think
+  time between turns) on `--multiturn-backends` engines running SGLang's radix cache, through omnigate
+  with each placement rule: least outstanding tokens, sgl-model-gateway's cache_aware, and the predicted
+  first token (the default). TTFT P99, SLO attainment, goodput and the engines' own prefill per request
+  (prompt − cached, from their usage); target: first_token ≥ 1.3× least_tokens' goodput. The engines
+  restart for each rule (no rule inherits another's cache), and every rule gets the same conversations.
 - lending: the same targets with separate pools — an offline pool of its own engines whose whole
   requests borrow the interactive engines (lending on, `max_load` 1.0) and give them back when an
   interactive request waits; capacity = the offline flood alone on both pools' engines.
@@ -53,6 +59,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._conversations import drive, plan
 from bench._servers import ROOT, Procs, cpu_seconds, free_port, wait_http
 from gateway.policy import Policy, load_policy
 from loadtest.media import MediaCache
@@ -60,7 +67,7 @@ from loadtest.metrics import meets_slo, percentile, summarize
 from loadtest.records import RequestRecord
 from loadtest.results import build_result
 from loadtest.runner import RunOptions, execute
-from loadtest.workload import RequestFactory, Workload, load_workload
+from loadtest.workload import RequestFactory, Slo, Workload, load_workload
 
 MODEL = "Qwen/Qwen2.5-Omni-7B"
 SEED_WORKLOAD = ROOT / "loadtest" / "workloads" / "seed.yaml"
@@ -112,11 +119,17 @@ class House:
     """The simulated engines (started once) and one gateway at a time in front of them."""
 
     def __init__(
-        self, procs: Procs, k: float, backends: int, policy: Policy, engine_args: list[str] | None = None
+        self,
+        procs: Procs,
+        k: float,
+        backends: int,
+        policy: Policy,
+        engine_args: list[str] | None = None,
+        name: str = "sim",
     ) -> None:
         self.procs, self.k, self.policy = procs, k, policy
         self.engine_args = engine_args or []  # extra `loadtest.sim` flags for every engine
-        self.sims = [self._sim(f"sim{i}", i) for i in range(backends)]  # the interactive pool's
+        self.sims = [self._sim(f"{name}{i}", i) for i in range(backends)]  # the interactive pool's
         self.offline_sims: list[str] = []  # the offline pool's, started by the first scenario needing it
         self.started: dict[str, float] = {}
 
@@ -152,11 +165,14 @@ class House:
         lend: dict[str, Any] | None = None,
         store: dict[str, Any] | None = None,
         pools: list[dict[str, Any]] | None = None,
+        placement: dict[str, Any] | None = None,
     ) -> Path:
         """The config file (and its policy) of `gateway`; `store` replaces the in-memory tenant store,
-        `pools` the pool of `sims`."""
+        `pools` the pool of `sims`, `placement` the policy's `budgets.placement`."""
         work = self.procs.workdir
         policy = scaled_policy(self.policy, self.k, controller)
+        if placement is not None:
+            policy["budgets"]["placement"] = placement
         if lend is not None:
             budgets = policy["budgets"]
             own = {key: value for key, value in budgets.items() if key != "pools"}
@@ -207,6 +223,12 @@ class House:
                 f"  {name}: rejections {snap['rejections']}, final limits {limits}, prefill duties {duties}",
                 flush=True,
             )
+            indexes = [b["prefix_index"] for b in snap["backends"] if b["prefix_index"]["requests"]]
+            if indexes:
+                shares = [(i["predicted_token_share"], i["engine_token_share"]) for i in indexes]
+                print(
+                    f"  {name}: prefix index, cached share predicted/engine per backend {shares}", flush=True
+                )
             if any("budget" in st for b in snap["backends"] for st in b["stages"]):
                 budgets = [{st["stage"]: st["budget"] for st in b["stages"]} for b in snap["backends"]]
                 print(f"  {name}: final stage budgets {budgets}", flush=True)
@@ -823,6 +845,115 @@ async def speech(procs: Procs, args: argparse.Namespace, base: Policy) -> list[s
     return lines
 
 
+PLACEMENTS = ("least_tokens", "cache_aware", "first_token")
+TURN_SLO = Slo(ttft_ms=TTFT_SLO_S * 1000, tpot_ms=TPOT_SLO_S * 1000)
+MULTITURN_HEADER = (
+    "| conv/s | placement | turns sent | SLO att. | goodput r/s | TTFT p50/p99 ms | TPOT p99 ms | rejected "
+    "| engine prefill tok/req | cached share |\n|---:|---|---:|---:|---:|---|---:|---:|---:|---:|"
+)
+
+
+@dataclass(frozen=True)
+class TurnsRun:
+    """One placement rule's run of the multiturn scenario."""
+
+    placement: str
+    rate: float  # new conversations per simulated s
+    records: list[RequestRecord]  # in simulated time
+    duration: float
+
+    @property
+    def slo(self) -> Any:
+        return Workload.model_validate(
+            {"slo": {"ttft_ms": TTFT_SLO_S * 1000, "tpot_ms": TPOT_SLO_S * 1000}}
+        ).slo
+
+    @property
+    def attainment(self) -> float:
+        return (
+            sum(1 for r in self.records if meets_slo(r, TURN_SLO)) / len(self.records)
+            if self.records
+            else 0.0
+        )
+
+    @property
+    def goodput(self) -> float:
+        """Turns that met the SLO per simulated second of arrivals."""
+        return sum(1 for r in self.records if meets_slo(r, TURN_SLO)) / self.duration
+
+    def row(self) -> str:
+        m = summarize(self.records, TURN_SLO, self.duration)
+        answered = [r for r in self.records if r.ok and r.cached_tokens is not None]
+        prompt = sum(r.prompt_tokens for r in answered)
+        cached = sum(r.cached_tokens or 0 for r in answered)
+        prefill = (prompt - cached) / len(answered) if answered else 0.0
+        return (
+            f"| {self.rate:.2f} | {self.placement} | {m['requests']} | {self.attainment:.1%} "
+            f"| {self.goodput:.2f} | {_p(m, 'ttft_ms', 'p50')}/{_p(m, 'ttft_ms', 'p99')} "
+            f"| {_p(m, 'tpot_ms', 'p99')} "
+            f"| {m['rejection_rate']:.1%} | {prefill:.0f} | {cached / prompt if prompt else 0.0:.0%} |"
+        )
+
+
+async def multiturn_run(
+    procs: Procs, args: argparse.Namespace, base: Policy, placement: str, rate: float
+) -> TurnsRun:
+    """One placement rule on fresh engines (radix cache and cache report on): no rule inherits another's
+    cache, and every rule at a rate gets the same conversations."""
+    k, backends = args.multiturn_time_scale, args.multiturn_backends
+    conversations = plan(42, rate, args.duration, args.think_time, args.multiturn_max_tokens)
+    engines = ["--radix-cache", "--enable-cache-report"]
+    house = House(procs, k, backends, base, engines, name=f"mt-{placement}-")
+    name = f"gw-mt-{placement}"
+    gw = house.start_gateway(name, house.gateway_config(name, {}, placement={"policy": placement}))
+    try:
+        records = await drive(gw, MODEL, conversations, k, "sk-chat", timeout_s=600 / k)
+    finally:
+        house.stop(name, gw)
+        for sim in [n for n in procs.procs if n.startswith(f"mt-{placement}-")]:
+            proc = procs.procs.pop(sim)
+            proc.terminate()
+            proc.wait(10)
+    run = TurnsRun(placement, rate, [r.scaled(k) for r in records], args.duration)
+    print(run.row(), flush=True)
+    return run
+
+
+async def multiturn(procs: Procs, args: argparse.Namespace, base: Policy) -> list[str]:
+    """Every placement rule at every rate of `--conversation-rates` (per engine); the verdict compares each
+    rule's best goodput at which it still met the SLO for `--multiturn-attainment` of the turns."""
+    backends, target = args.multiturn_backends, args.multiturn_attainment
+    runs = [
+        await multiturn_run(procs, args, base, placement, per_engine * backends)
+        for per_engine in args.conversation_rates
+        for placement in PLACEMENTS
+    ]
+    out = [
+        f"\n### multiturn — conversations of 3–10 turns for {args.duration:g} s on {backends} engines, think "
+        f"time {args.think_time:g} s, time scale {args.multiturn_time_scale:g}\n",
+        MULTITURN_HEADER,
+        *(run.row() for run in runs),
+        "",
+    ]
+    best = {
+        p: max((r.goodput for r in runs if r.placement == p and r.attainment >= target), default=0.0)
+        for p in PLACEMENTS
+    }
+    out.append(
+        f"best goodput at ≥ {target:.0%} SLO attainment: "
+        + ", ".join(f"{p} {g:.2f}" for p, g in best.items())
+    )
+    gain = best["first_token"] / best["least_tokens"] if best["least_tokens"] else float("inf")
+    out.append(
+        verdict(
+            f"first_token goodput ≥ 1.3× least_tokens at ≥ {target:.0%} attainment",
+            gain >= 1.3,
+            f"{gain:.2f}×",
+        )
+    )
+    return out
+
+
 async def main_async(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="omnigate-sched-") as tmp:
         procs = Procs(Path(tmp))
@@ -840,6 +971,9 @@ async def main_async(args: argparse.Namespace) -> None:
             for scenario in args.scenarios:
                 if scenario == "speech":  # its own simulated server: no plain engines needed
                     report += await speech(procs, args, policy)
+                    continue
+                if scenario == "multiturn":  # engines of its own, restarted per placement rule
+                    report += await multiturn(procs, args, policy)
                     continue
                 if house is None:
                     house = House(procs, args.time_scale, args.backends, policy, engine_args)
@@ -941,6 +1075,27 @@ def main() -> None:
     )
     ap.add_argument(
         "--mix-capacity", type=float, default=CAPACITY_RPS, help="req/s one engine serves of --mix"
+    )
+    ap.add_argument("--multiturn-backends", type=int, default=3, help="multiturn: engines in the pool")
+    ap.add_argument(
+        "--conversation-rates",
+        type=_list(float),
+        default=[1.0, 1.5, 2.0],
+        help="multiturn: new conversations/s per engine, one run of every placement rule at each",
+    )
+    ap.add_argument(
+        "--multiturn-attainment",
+        type=float,
+        default=0.95,
+        help="multiturn: the SLO attainment a rule must hold for its goodput to count in the verdict",
+    )
+    ap.add_argument("--think-time", type=float, default=3.0, help="multiturn: mean think time, simulated s")
+    ap.add_argument("--multiturn-max-tokens", type=int, default=64, help="multiturn: median answer cap")
+    ap.add_argument(
+        "--multiturn-time-scale",
+        type=float,
+        default=2.0,
+        help="multiturn: its own time scale (several engines and streamed answers on one box)",
     )
     args = ap.parse_args()
     if args.mix:

@@ -13,6 +13,10 @@ once a request's headers are complete. This subclass adds, per connection:
 - **a connection limit** (`limits.max_connections`): a connection beyond it is answered 503
   `too_many_connections` with `Retry-After` at once and closed, before it can hold anything.
 
+It also sends each response's header block together with the first body bytes of the same loop turn
+(`HeadCork`): uvicorn writes the head as soon as the app starts the response, so a whole response would
+take two sends, and on loopback or a LAN a send costs about as much CPU as the Python that built the reply.
+
 The keep-alive idle timeout between requests is uvicorn's own (`timeout_keep_alive`, set from
 `limits.keepalive_timeout_s`). Every refusal is an OpenAI-style JSON error with `Connection: close`,
 counted in `omnigate_edge_refusals_total{reason}`.
@@ -45,6 +49,51 @@ HEADERS_TOO_LARGE = "headers_too_large"
 HEADER_TIMEOUT = "header_timeout"
 TOO_MANY_CONNECTIONS = "too_many_connections"
 BAD_REQUEST = "bad_request"
+
+
+_CORK_MAX = 65536  # a body past this is written after the head rather than copied onto it
+
+
+class HeadCork:
+    """One response's transport: holds the first write (uvicorn's header block) until the next write or
+    the end of this loop turn, whichever comes first, and sends both as one. Everything else passes."""
+
+    __slots__ = ("_fresh", "_held", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._held: bytes | None = None
+        self._fresh = True
+
+    def write(self, data: bytes) -> None:
+        if self._fresh:
+            self._fresh = False
+            self._held = data
+            asyncio.get_running_loop().call_soon(self.flush)
+            return
+        held, self._held = self._held, None
+        if held is None:
+            self._transport.write(data)
+        elif len(data) <= _CORK_MAX:
+            self._transport.write(held + data)
+        else:
+            self._transport.write(held)
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class EdgeProtocol(HttpToolsProtocol):
@@ -95,6 +144,9 @@ class EdgeProtocol(HttpToolsProtocol):
             self._headers_too_large()
             return
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.transport is self.transport:
+            cycle.transport = HeadCork(self.transport)  # type: ignore[assignment]
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:

@@ -327,6 +327,8 @@ class CompletionEndpoint:
             lease.backend.progress.counted(
                 ticket.bucket, ticket.cost.prompt_tokens, ticket.usage.prompt_tokens
             )
+            if ticket.usage.cached_tokens is not None:
+                lease.backend.prefix.reported(ticket.usage.prompt_tokens, ticket.usage.cached_tokens)
         left = ending.outcome in (Outcome.PENDING, Outcome.TIMEOUT)
         ended = Outcome.OVERLOADED if ending.overloaded else ending.outcome  # a drop for the limit
         if ticket.first_audio_at is not None and ticket.dispatched_at is not None:
@@ -603,13 +605,14 @@ class CompletionEndpoint:
         else:
             media_type = "application/json"
             try:
-                answer, seconds = read_json(body, scan=len(body))
+                rate = self.gw.estimator.profile(ticket.model).speech_sample_rate
+                answer, seconds = read_json(body, scan=len(body), pcm_rate=rate)
             except orjson.JSONDecodeError:
                 answer, seconds = None, None
             usage = answer.get("usage") if isinstance(answer, dict) else None
             told = answer.get("usage") if isinstance(answer, dict) else None
             if isinstance(told, dict):
-                usage = Usage(int(told.get("prompt_tokens") or 0), int(told.get("completion_tokens") or 0))
+                usage = reported_usage(told)
             else:
                 answer_tokens = whole_answer_tokens(answer, self.gw.estimator.count_text)
             audio_seconds = seconds or 0.0
@@ -646,7 +649,8 @@ class CompletionEndpoint:
         if ticket.endpoint == "speech" and not up.get("content-type", "").startswith("text/event-stream"):
             await self._relay_audio(ex, ticket, pool, lease, upstream, deadlines, pcm, hand)
             return
-        relay = SSERelay(strip_usage, self.gw.estimator.count_text, pcm.sample_rate if pcm else None)
+        pcm_rate = pcm.sample_rate if pcm else self.gw.estimator.profile(ticket.model).speech_sample_rate
+        relay = SSERelay(strip_usage, self.gw.estimator.count_text, pcm_rate)
         ticket.speech = relay.audio  # its speed is what the backend makes for it now (stage budgets)
         send = ex.send
         ex.started = True

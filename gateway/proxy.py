@@ -1,8 +1,7 @@
 """Upstream I/O: open a request on one backend and relay its raw bytes, with explicit deadlines.
 
 The connections are gateway/upstream.py's (asyncio protocols with httptools' parser): the upstream client
-was the largest part of the gateway's CPU per request (docs/decisions/0001-upstream-client-aiohttp.md,
-docs/decisions/0011-upstream-client-on-httptools.md).
+was the largest part of the gateway's CPU per request (docs/decisions/0001-the-upstream-client.md).
 
 Opening ends when the first body bytes arrive (or fails with an UpstreamError saying whether a retry on
 another backend is safe). Relaying hands out the body as it arrives (each read takes what is already

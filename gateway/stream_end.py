@@ -81,8 +81,17 @@ async def _read(
 
 def reported_usage(usage: dict[str, object]) -> Usage:
     """A usage object as the engine sent it: what it counted (SGLang 0.5.23 reports 0 prompt, 0 completion
-    tokens for a request it ended while it still waited, and counts nothing for it either)."""
-    return Usage(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
+    tokens for a request it ended while it still waited, and counts nothing for it either), with the
+    prompt's cached tokens when it reports them (SGLang's `prompt_tokens_details.cached_tokens`, with
+    `--enable-cache-report`)."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    prompt = _count(usage.get("prompt_tokens"))
+    return Usage(
+        prompt,
+        _count(usage.get("completion_tokens")),
+        min(prompt, _count(cached)) if isinstance(cached, int | float) else None,
+    )
 
 
 def _count(value: object) -> int:

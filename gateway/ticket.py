@@ -50,11 +50,19 @@ class Cost:
     videos: int = 0
     remote_media: int = 0
     speech_seconds: float = 0.0  # audio the answer is expected to speak (gateway/speech/pricing.py)
+    # the prompt's prefix the engine is expected to serve from its cache (gateway/backends/prefix_index.py):
+    # the best backend's while the request waits, its backend's once placed
+    cached_tokens: int = 0
 
     @property
     def prompt_tokens(self) -> int:
         """Everything the backend prefills: text plus vision plus audio tokens."""
         return self.text_tokens + self.vision_tokens + self.audio_tokens
+
+    @property
+    def prefill_tokens(self) -> int:
+        """What the engine is expected to compute of the prompt: all but its cached prefix."""
+        return self.prompt_tokens - self.cached_tokens
 
     @property
     def total_tokens(self) -> int:
@@ -76,6 +84,12 @@ class Usage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int | None = None  # of the prompt, served from the engine's prefix cache (None: not told)
+
+    @property
+    def computed_prompt_tokens(self) -> int:
+        """The prompt the engine prefilled: all of it but what it served from its cache."""
+        return self.prompt_tokens - (self.cached_tokens or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +101,22 @@ class Prefill:
     at: float
     seconds: float
     tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixKey:
+    """A prompt as the chain of chunks an engine's prefix cache would share (gateway/backends/prefix_key.py):
+    `keys[i]` names the prompt up to the end of chunk `i`, `ends[i]` its priced tokens up to there;
+    `session` names the conversation (the `x-session-id` header, else its first message after the system
+    prompt)."""
+
+    keys: tuple[bytes, ...]
+    ends: tuple[int, ...]
+    session: bytes | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.ends[-1] if self.ends else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +166,7 @@ class Ticket:
     bucket: str = "text"
     voice: str | None = None  # the voice of the speech the answer holds; None for text only
     cost: Cost = field(default_factory=Cost)
+    prefix: PrefixKey | None = None  # its prompt's chunk chain (prefix_key.py); None: not indexed
     deadline: float = float("inf")
     job_id: str | None = None
     backend: str | None = None

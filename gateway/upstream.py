@@ -4,7 +4,7 @@ A proxy asks little of a client: POST a body it already holds, read the status a
 as it arrives (bytes unchanged), put a finished connection back in a keep-alive pool, and close one it left
 half-read (that is how SGLang learns to abort). This does exactly that on the event loop's own protocols,
 with the response parsed by httptools (llhttp, the parser uvicorn serves with), so a request costs a few
-callbacks instead of a general client's layers (docs/decisions/0011-upstream-client-on-httptools.md).
+callbacks instead of a general client's layers (docs/decisions/0001-the-upstream-client.md).
 
     client = Upstream(max_connections=1024, max_keepalive=256)
     response = await client.post(url, body, headers, connect_timeout=2.0, sent=callback)

@@ -129,7 +129,7 @@ async def _read_stream(resp: Response, rec: RequestRecord, t_sent: float) -> Non
                 usage = msg.get("usage")
                 if usage:
                     usage_tokens = int(usage.get("completion_tokens") or 0)
-                    rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                    _prompt_usage(usage, rec)
     rec.e2e = time.perf_counter() - t_sent
     rec.output_tokens = usage_tokens if usage_tokens is not None else content_chunks
 
@@ -142,7 +142,16 @@ def _read_whole(body: bytes, rec: RequestRecord, now: float) -> None:
         rec.ttfa = now
         rec.audio.append((now, seconds))
     rec.output_tokens = int(usage.get("completion_tokens") or 0)
+    _prompt_usage(usage, rec)
+
+
+def _prompt_usage(usage: dict[str, Any], rec: RequestRecord) -> None:
+    """The prompt as the server counted it, and its cached prefix when the server tells it (SGLang with
+    --enable-cache-report: `prompt_tokens_details.cached_tokens`)."""
     rec.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        rec.cached_tokens = details["cached_tokens"]
 
 
 async def send(

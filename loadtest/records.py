@@ -32,6 +32,7 @@ class RequestRecord:
     audio: list[tuple[float, float]] = field(default_factory=list)  # (arrival, audio seconds) per chunk
     output_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int | None = None  # of the prompt, served from the engine's prefix cache (when reported)
     status: int = 0
     error: str | None = None
     headers: dict[str, str] = field(default_factory=dict)

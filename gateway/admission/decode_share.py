@@ -24,7 +24,7 @@ class PrefillSeen:
         self._marks: dict[int, tuple[str, float, int]] = {}  # id(ticket) → (backend, first byte, sent)
 
     def commit(self, ask: Ask, backend: BackendState, ctx: Decision) -> None:
-        self.sent(backend.url, ask.ticket.cost.prompt_tokens)
+        self.sent(backend.url, ask.ticket.cost.prefill_tokens)
 
     def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:
         """Nothing held: what was sent stays sent; the share is read once at the end (`share`)."""

@@ -14,8 +14,10 @@ bucket caps and exclusions are the request's own constraints (budgets.own_backen
 Every call gets the frozen `Decision` (decision.py) the scheduler built for it; the dispatcher's own
 state is only what its dispatches left behind (slots held, the round, prompts not started, turnover).
 
-Among backends that fit: least outstanding estimated tokens (then fewest active, then URL); the traffic
-the shield protects goes where the fewest prompt tokens wait for their prefill.
+Among backends that fit: the pool's placement rule (placement.py: by default where the first token is
+predicted soonest, the prefix each backend is expected to hold cached counted); the traffic the shield
+protects goes where the fewest prompt tokens wait for their prefill. Every prefill budget counts a prompt
+less the prefix its backend is expected to hold cached (gateway/backends/prefix_index.py, `Ask.prefill`).
 
 Head-of-line: a request that is out only because of its own constraints (its bucket is at cap on every
 backend, or it excludes the backends that have room) is skipped, so a multi_image at its cap never
@@ -28,6 +30,7 @@ smaller prompts pass it, the time is the engine's, not theirs to wait for.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 
@@ -36,6 +39,7 @@ from gateway.admission.budgets import Occupancy, bucket_full, kv_miss, own_backe
 from gateway.admission.decision import Decision
 from gateway.admission.decode_share import PrefillSeen
 from gateway.admission.families import Ask, Budget, FirstByte, Tally
+from gateway.admission.placement import Placement
 from gateway.admission.queue import Entry
 from gateway.admission.rounds import Rounds
 from gateway.admission.settings import PoolBudgets, ShieldPolicy
@@ -70,6 +74,7 @@ class Dispatcher:
         self._lasting = tuple(b for b in self._budgets if b.lasting)
         self._tallies: tuple[Tally, ...] = (*self._budgets, self._turnover, self._prefill_seen)
         self._first_byte: tuple[FirstByte, ...] = (self._shield, self._prefill_seen, *staged)
+        self._placement = Placement()
 
     # -- placement ---------------------------------------------------------------------------------
 
@@ -157,7 +162,9 @@ class Dispatcher:
                             b.url,
                         ),
                     )
-                return entry, min(fitting, key=lambda b: (b.outstanding_tokens, b.active, b.url))
+                placement = ctx.budgets.placement
+                unstarted = functools.partial(self._shield.unstarted, now=ctx.now)
+                return entry, self._placement.choose(entry.ticket, fitting, placement, unstarted)
             if any(miss is not None and not miss.passable for miss in misses):
                 return None
         return None
@@ -209,8 +216,15 @@ class Dispatcher:
         """Account a dispatch with every family (`release` undoes exactly that); returns its engine
         priority. A loan (another pool's request on our backend) spends the round's prefill budget but is
         not our traffic: it neither raises the round's bar nor counts as arrival pressure for the window,
-        is never spaced and never counts as a rank seen by the shield."""
+        is never spaced and never counts as a rank seen by the shield. Its prompt's chunks become the
+        backend's most recent (the prefix index), and the families count the prompt less the prefix found
+        there (`cost.prefill_tokens`)."""
         ask = self.ask(ticket, ctx, loan=loan)  # as it stood when it was chosen
+        ticket.cost.cached_tokens = cached = backend.prefix.match(ticket.prefix)
+        if ticket.prefix is not None:
+            capacity = ctx.budgets.placement.index_tokens or backend.max_total_tokens
+            backend.prefix.sent(ticket.prefix, cached, capacity)
+            self._placement.placed(ticket, backend)
         for tally in self._tallies:
             tally.commit(ask, backend, ctx)
         return ask.engine_priority

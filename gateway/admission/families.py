@@ -30,6 +30,11 @@ class Ask:
     loan: bool = False  # another pool's request on this pool's backends (lending.py)
     new_round: bool = False  # judged as a round opened now would judge it: the round's budget unspent
 
+    def prefill(self, backend: BackendState) -> int:
+        """The prompt tokens `backend` would prefill for it: the prompt less the prefix it is expected to
+        hold cached (gateway/backends/prefix_index.py). A commit settles it as `cost.prefill_tokens`."""
+        return self.ticket.cost.prompt_tokens - backend.prefix.match(self.ticket.prefix)
+
 
 class Tally(Protocol):
     """Keeps what a pool's dispatches hold, or learns from them. An implementation guarantees:

@@ -47,6 +47,7 @@ class Entry:
     seq: int = 0
     exclude: frozenset[str] = frozenset()
     requeued: bool = False  # dispatched, then taken back or failed before its first byte: admitted already
+    cached: int = 0  # its prompt's prefix expected cached on the pool's best backend when it came
     queued: bool = field(default=False, repr=False)
 
     @property
@@ -59,7 +60,8 @@ class Entry:
 
     @property
     def prompt_tokens(self) -> int:
-        return self.ticket.cost.prompt_tokens
+        """The prefill it is predicted to take: its prompt less the prefix expected cached."""
+        return self.ticket.cost.prompt_tokens - self.cached
 
     @property
     def order_key(self) -> tuple[bool, float, int]:

@@ -163,7 +163,7 @@ class Rounds:
     def miss(self, ask: Ask, backend: BackendState, ctx: Decision) -> Block | None:
         """The round's prefill budget on `backend` at the request's engine priority (a round opened now,
         `ask.new_round`, has it unspent)."""
-        tokens = ask.ticket.cost.prompt_tokens
+        tokens = ask.prefill(backend)
         if not ask.new_round and self.over_budget(backend.url, ask.engine_priority, tokens, ctx.budgets):
             return Block.ROUND_PREFILL
         return None
@@ -171,7 +171,7 @@ class Rounds:
     def commit(self, ask: Ask, backend: BackendState, ctx: Decision) -> None:
         """A dispatch spends the round's budget; only the pool's own (not a loan) raises its bar and counts
         as its band's load."""
-        tokens = ask.ticket.cost.prompt_tokens
+        tokens = ask.ticket.cost.prefill_tokens
         self.spend(backend.url, ask.engine_priority, tokens)
         if not ask.loan:
             self.count(ask.ticket.priority, ask.rank, tokens)

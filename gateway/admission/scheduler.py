@@ -151,7 +151,11 @@ class PoolScheduler:
         deadline = effective_deadline(ticket, slo)
         if self.stages is not None:  # speech must leave the queue in time for its first audio
             deadline -= self.stages.first_audio_lag(ticket)
-        entry = Entry(ticket, slo, deadline, weight, now, charge, exclude=excluded, requeued=requeued)
+        usable = (b for b in self.backends if b.url not in excluded)
+        cached = max((b.prefix.match(ticket.prefix) for b in usable), default=0)  # where it will likely go
+        entry = Entry(
+            ticket, slo, deadline, weight, now, charge, exclude=excluded, requeued=requeued, cached=cached
+        )
         self.rate.configure(settings.queue)
         victim = self.guard.admit(entry, now, self.capacity(), self._full_buckets(settings))
         waiter = self._waiters[entry] = Waiter(anyio.Event())
@@ -230,9 +234,10 @@ class PoolScheduler:
             self._loans.remove(lease)
         in_flight = backend.active + backend.peer_active  # the engine's, when replicas share it
         self.dispatcher.release(ticket, backend, self.clock())
-        prompt = (
-            usage.prompt_tokens if usage is not None and usage.prompt_tokens else ticket.cost.prompt_tokens
-        )
+        prompt = ticket.cost.prefill_tokens  # what the engine computed: the prompt less its cached prefix
+        if usage is not None and usage.prompt_tokens:
+            told = usage.cached_tokens  # the engine's own count of it, else the expected one
+            prompt = usage.prompt_tokens - (ticket.cost.cached_tokens if told is None else told)
         if outcome == Outcome.OK and ttft_s is not None:
             self.observe_prefill(prompt, ttft_s)
         now = self.clock()
@@ -258,10 +263,15 @@ class PoolScheduler:
                 self._fail(entry, err)
             self._next_sweep = now + settings.queue.recheck_interval_s
             self.recent.forget(now, settings.fairness.share_window_s)
-        ctx = self.decision(settings)
-        budgets, dispatcher = ctx.budgets, self.dispatcher
-        wake = math.inf
+        dispatcher = self.dispatcher
         dispatcher.begin_pass()
+        if not self.queue:  # nothing to place: the limits follow the policy, the rest waits for a pass
+            self._sync_limits(settings)  # that has something to decide
+            self.window_s = 0.0
+            return
+        ctx = self.decision(settings)
+        budgets = ctx.budgets
+        wake = math.inf
         while self.queue:
             if not dispatcher.round_open(now, budgets):
                 load = self.window_load(now, budgets)

@@ -216,6 +216,46 @@ class StagePolicy(Frozen):
         return float(own) if own is not None else server
 
 
+class PlacementPolicy(Frozen):
+    """Which of the backends a request fits on it goes to (gateway/admission/placement.py)."""
+
+    policy: Literal["first_token", "least_tokens", "cache_aware"] = Field(
+        default="first_token",
+        description="first_token: the backend where its first token is predicted soonest — the prompt "
+        "tokens waiting there for their prefill plus its own prompt less the prefix that backend is "
+        "expected to hold cached (a warm backend wins unless it is loaded enough to lose); least_tokens: "
+        "the least outstanding estimated tokens; cache_aware: sgl-model-gateway's rule — the least loaded "
+        "backend when the loads are imbalanced, else the one holding the longest prefix if it covers "
+        "more than `cache_threshold` of the prompt, else the least loaded.",
+    )
+    sticky: bool = Field(
+        default=False,
+        description="Keep a conversation on the backend it last went to while it fits there: the "
+        "`x-session-id` header names it, else its first message after the system prompt.",
+    )
+    chunk_chars: int = Field(
+        default=512,
+        ge=16,
+        description="Characters of text per chunk of the prefix index: a cached prefix is found to "
+        "this granularity (a message always ends a chunk; every media item is one).",
+    )
+    index_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Prompt tokens each backend's prefix index remembers before it forgets the least "
+        "recently sent; null: the backend's KV pool (`max_total_tokens`, as scraped), as its cache holds.",
+    )
+    cache_threshold: float = Field(
+        default=0.3, ge=0, le=1, description="cache_aware: the prompt share a prefix must cover to win."
+    )
+    balance_abs_threshold: int = Field(
+        default=64, ge=0, description="cache_aware: imbalanced when max − min requests exceed this ..."
+    )
+    balance_rel_threshold: float = Field(
+        default=1.5, ge=1, description="cache_aware: ... and max exceeds min × this."
+    )
+
+
 class PoolBudgets(Frozen):
     """The per-backend budgets of one pool: prefill per round, KV watermark, modality bucket caps."""
 
@@ -238,6 +278,7 @@ class PoolBudgets(Frozen):
     lend: LendPolicy = Field(default_factory=LendPolicy)
     shield: ShieldPolicy = Field(default_factory=ShieldPolicy)
     stages: StagePolicy = Field(default_factory=StagePolicy)
+    placement: PlacementPolicy = Field(default_factory=PlacementPolicy)
 
 
 class BudgetPolicy(PoolBudgets):

@@ -64,7 +64,7 @@ class Shield:
 
     def miss(self, ask: Ask, backend: BackendState, ctx: Decision) -> Block | None:
         """The shield, then the spacing (a loan is never spaced)."""
-        tokens, url, shield = ask.ticket.cost.prompt_tokens, backend.url, ctx.budgets.shield
+        tokens, url, shield = ask.prefill(backend), backend.url, ctx.budgets.shield
         if self.shielded(tokens, ask.rank, url, shield, ctx.now):
             return Block.PREFILL_SHIELD
         if not ask.loan and self.spaced(tokens, ask.rank, url, shield, ctx.now):
@@ -176,8 +176,9 @@ class Shield:
         loan: bool,
     ) -> None:
         """A dispatch to `url`. `shield`: a big lower-ranked prompt of our own starts the backend's
-        spacing. A loan neither is spaced nor counts as our rank."""
-        tokens = ticket.cost.prompt_tokens
+        spacing. A loan neither is spaced nor counts as our rank. What it adds there is its prompt less
+        the prefix expected cached on `url`."""
+        tokens = ticket.cost.prefill_tokens
         if shield is not None and not loan and self._lone(tokens, rank, shield, now):
             assert shield.duty is not None  # _lone
             spaced = self.spacing.setdefault(url, {})

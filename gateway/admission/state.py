@@ -80,6 +80,7 @@ def pool_snapshot(v: PoolView) -> dict[str, Any]:
                 "max_total_tokens": b.max_total_tokens,
                 "round_prefill_tokens": d.rounds.released(b.url),
                 "pending_prefill_tokens": d.shield.unstarted(b.url, now),
+                "prefix_index": b.prefix.snapshot(),
                 "buckets": dict(b.bucket_active),
             }
             | ({} if v.shared is None else {"shared": v.shared[b.url]})

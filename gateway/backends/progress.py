@@ -44,9 +44,10 @@ class EngineProgress:
             self.next_s = 0.0
 
     def sent(self, ticket: Ticket, now: float, prefill_rate: float) -> None:
-        """The request's body reached the engine at `now`: predict when its prefill starts."""
+        """The request's body reached the engine at `now`: predict when its prefill starts (its prompt less
+        the prefix expected cached there takes the time)."""
         self._advance(now)
-        seconds = ticket.cost.prompt_tokens / prefill_rate if prefill_rate > 0 else 0.0
+        seconds = ticket.cost.prefill_tokens / prefill_rate if prefill_rate > 0 else 0.0
         tokens = round(ticket.cost.prompt_tokens * self.prompt_ratio.get(ticket.bucket, 1.0))
         if now >= self.running_until:  # no prefill running: it starts a batch of its own at once
             self.batch += 1

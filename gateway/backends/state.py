@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.backends.circuit import Breaker, CircuitState
+from gateway.backends.prefix_index import PrefixIndex
 from gateway.backends.progress import EngineProgress
 from gateway.speech.tally import AudioTally
 
@@ -44,6 +45,7 @@ class _Fields:
     audio: AudioTally = field(default_factory=AudioTally)  # its answers' audio as the gateway measured it
     last_scrape: float = 0.0
     progress: EngineProgress = field(default_factory=EngineProgress)  # its predicted work (the ledger's)
+    prefix: PrefixIndex = field(default_factory=PrefixIndex)  # what its prefix cache is expected to hold
 
     def __post_init__(self) -> None:
         self.name = self.name or self.url

@@ -66,6 +66,12 @@ class ModelProfile(Frozen):
         description="Tokens (template overhead included) of the system prompt the template adds when "
         "the request has none (Qwen2.5 chat: 'You are Qwen, created by Alibaba Cloud…' ≈ 25).",
     )
+    speech_sample_rate: int = Field(
+        default=24_000,
+        gt=0,
+        description="Sample rate of the model's raw 16-bit PCM speech (sglang-omni's talkers: 24 kHz): "
+        "times PCM audio that states no rate of its own (chat audio deltas asked as `pcm`).",
+    )
     video_fps: float = Field(default=2.0, gt=0, description="Frames sampled per second of video.")
     video_min_frames: int = Field(default=4, ge=1)
     video_max_frames: int = Field(default=768, ge=1)

@@ -178,6 +178,20 @@ BACKEND_PREFILL_TOKENS = Gauge(
     ["pool", "backend"],
     registry=REGISTRY,
 )
+BACKEND_PREFIX_INDEX_TOKENS = Gauge(
+    "omnigate_backend_prefix_index_tokens",
+    "Prompt tokens the backend's prefix index expects its cache to hold (gateway/backends/prefix_index.py).",
+    ["pool", "backend"],
+    registry=REGISTRY,
+)
+PREFIX_TOKENS = Counter(
+    "omnigate_prefix_tokens_total",
+    "Prompt tokens of finished generations by kind: `prompt` (priced), `predicted_cached` (the prefix "
+    "the index expected cached where the request went), `engine_cached` (what the engine reported cached, "
+    "SGLang with --enable-cache-report). The hit rates are the cached kinds over `prompt`.",
+    ["pool", "kind"],
+    registry=REGISTRY,
+)
 BACKEND_KV_TOKENS = Gauge(
     "omnigate_backend_reserved_kv_tokens",
     "KV tokens the gateway has reserved on each backend for requests in flight (prompt + expected output).",

@@ -32,6 +32,7 @@ _rtf = functools.cache(m.RTF.labels)
 _stalls = functools.cache(m.SPEECH_STALLS.labels)
 _tenant_tokens = functools.cache(m.TENANT_TOKENS.labels)
 _estimation_ratio = functools.cache(m.ESTIMATION_ERROR.labels)
+_prefix_tokens = functools.cache(m.PREFIX_TOKENS.labels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,11 @@ def record_finished(t: Ticket) -> Latencies:
         _rtf(*labels).observe(t.rtf)
     if t.audio_stalls:
         _stalls(*labels).inc(t.audio_stalls)
+    if t.prefix is not None and t.backend is not None:
+        _prefix_tokens(t.pool, "prompt").inc(t.cost.prompt_tokens)
+        _prefix_tokens(t.pool, "predicted_cached").inc(t.cost.cached_tokens)
+        if t.usage is not None and t.usage.cached_tokens is not None:
+            _prefix_tokens(t.pool, "engine_cached").inc(t.usage.cached_tokens)
     if t.usage is not None:
         _tenant_tokens(t.tenant, "prompt").inc(t.usage.prompt_tokens)
         _tenant_tokens(t.tenant, "completion").inc(t.usage.completion_tokens)
@@ -132,6 +138,7 @@ def record_backends(states: Iterable[BackendState]) -> None:
         m.BACKEND_ACTIVE.labels(*labels).set(b.active)
         m.BACKEND_PREFILL_TOKENS.labels(*labels).set(b.outstanding_tokens)
         m.BACKEND_KV_TOKENS.labels(*labels).set(b.reserved_kv_tokens)
+        m.BACKEND_PREFIX_INDEX_TOKENS.labels(*labels).set(b.prefix.tokens)
         if b.token_usage is not None:
             m.BACKEND_KV_USAGE.labels(*labels).set(b.token_usage)
         if b.running_reqs is not None:

@@ -33,7 +33,8 @@ def read_json(
 ) -> tuple[Any, float | None]:
     """The JSON document with its audio payload cut out (`data` left as ""), and the seconds that payload
     held; None when it holds no audio. Looks for the audio key within the first `scan` bytes; raw PCM
-    without a rate of its own (`speech.audio.delta`) is sized by `pcm_rate`, the stream's x-sample-rate.
+    without a rate of its own (`speech.audio.delta`, a chat delta asked as `pcm`) is sized by `pcm_rate`
+    (the stream's x-sample-rate, else the model's).
     Raises orjson.JSONDecodeError like `orjson.loads`."""
     span = _audio_span(payload, scan)
     if span is None:
@@ -44,8 +45,8 @@ def read_json(
     whole = isinstance(obj, dict) and obj.get("audio") == ""
     if not whole and (audio is None or audio.get("data") != ""):  # not an audio payload: read it whole
         return orjson.loads(payload), None
-    rate = audio.get("sample_rate") if audio is not None else pcm_rate
-    return obj, b64_audio_seconds(payload, start, end, rate if isinstance(rate, int) else None)
+    rate = audio.get("sample_rate") if audio is not None else None
+    return obj, b64_audio_seconds(payload, start, end, rate if isinstance(rate, int) else pcm_rate)
 
 
 def audio_object(obj: Any) -> dict[str, Any] | None:

@@ -3,7 +3,8 @@
 A route the pool's servers lack is refused as soon as the pool is known: before pricing, the quota and the
 queue, so such a request takes nothing from the tenant and never waits.
 
-The ticket leaves this stage with its tenant, class, pool, priority, deadline, cost and bucket set, and
+The ticket leaves this stage with its tenant, class, pool, priority, deadline, cost, bucket and (for a
+generation) its prompt's chunk chain for the prefix indexes set, and
 (with auth on) a quota reservation that must reach the finish stage whatever happens next.
 """
 
@@ -16,6 +17,7 @@ import anyio
 from starlette.requests import Request
 
 from gateway.backends.pool import Pool
+from gateway.backends.prefix_key import prefix_key
 from gateway.errors import ApiError, ErrorCode
 from gateway.estimate.estimator import Estimator
 from gateway.estimate.speech import voice_of
@@ -125,6 +127,14 @@ class Admit:
             urls=policy.pool(pool.name).media_urls,
         )
         ticket.voice = voice_of(parsed.body, parsed.endpoint)
+        if parsed.endpoint in ("chat", "completions"):
+            ticket.prefix = prefix_key(
+                parsed.body,
+                parsed.endpoint,
+                ticket.cost,
+                policy.budgets.for_pool(pool.name).placement.chunk_chars,
+                request.headers.get("x-session-id"),
+            )
         record.record_priced(ticket)
         if not pool.ready():
             raise ApiError(

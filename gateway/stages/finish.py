@@ -15,7 +15,7 @@ from dataclasses import replace
 import anyio
 
 from gateway.stages.measure import Measure
-from gateway.tenants.charge import billable
+from gateway.tenants.charge import billable, charged_prompt
 from gateway.tenants.service import Reservation, TenantService
 from gateway.ticket import Ending, Outcome, Ticket
 
@@ -48,7 +48,7 @@ class Finish:
                 with anyio.CancelScope(shield=True):
                     await self.tenants.reconcile(
                         reservation,
-                        usage.prompt_tokens,
+                        charged_prompt(usage, self.tenants.defaults.cached_input_share),
                         usage.completion_tokens,
                         audio_seconds=ticket.audio_seconds,
                     )

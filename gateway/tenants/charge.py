@@ -13,6 +13,8 @@ The rule (documented in the tenants README, "What a request is charged"):
   engine's waiting queue, gateway/backends/progress.py), on a server that drops a request whose
   connection closed: no tokens — SGLang's scheduler removes an aborted request from its waiting queue
   without a prefill.
+- The engine said how much of the prompt it served from its prefix cache (`cached_tokens`): those tokens
+  are charged at the policy's `tenant_defaults.cached_input_share` of the full price (default: full).
 - It reached an engine and no usage came back (the client left a whole answer, the stream was cut, the
   engine did not say in time, a 200 without `usage`): a guess that errs toward the customer — the prompt
   as the gateway priced it or as that engine is predicted to count it (the price scaled by how it counted
@@ -26,6 +28,7 @@ The rule (documented in the tenants README, "What a request is charged"):
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 
 from gateway.backends.progress import EngineProgress
@@ -92,3 +95,10 @@ def billable(ticket: Ticket) -> Usage:
     if ticket.usage is not None:
         return ticket.usage
     return infer(ticket, 0, ticket.outcome) if ticket.reached_engine else _NOTHING
+
+
+def charged_prompt(usage: Usage, cached_share: float) -> int:
+    """The prompt tokens `usage` is charged: those the engine computed in full, those it served from its
+    cache at `cached_share` of the price (rounded up: a cached token is never free unless the share is 0)."""
+    cached = usage.cached_tokens or 0
+    return usage.prompt_tokens - cached + math.ceil(cached * cached_share)

@@ -20,3 +20,11 @@ class TenantDefaults(Frozen):
     allowed_classes: tuple[str, ...] = Field(default=(), description="[] = any traffic class.")
     over_quota: OverQuota = "reject"
     quotas: Quotas = Field(default_factory=Quotas)
+    cached_input_share: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="The share of the full price a prompt token the engine served from its prefix cache "
+        "is charged at (SGLang reports them with --enable-cache-report; most providers bill them at "
+        "0.1–0.5). 1: full price, as if nothing were cached.",
+    )

@@ -46,6 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--restart-s", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--radix-cache",
+        action="store_true",
+        help="model SGLang's prefix cache (its default; without this flag the sim runs as SGLang with "
+        "--disable-radix-cache)",
+    )
+    p.add_argument(
+        "--enable-cache-report",
+        action="store_true",
+        help="usage carries prompt_tokens_details.cached_tokens, as SGLang's flag of that name",
+    )
+    p.add_argument(
         "--sglang-version",
         choices=["0.5.23", "0.5.9"],
         default="0.5.23",
@@ -75,6 +86,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         oom_mode=args.oom_mode,
         restart_s=args.restart_s,
         seed=args.seed,
+        radix_cache=args.radix_cache,
+        enable_cache_report=args.enable_cache_report,
         faults=faults,
         sglang_version=args.sglang_version,
     )

@@ -35,6 +35,8 @@ class SimConfig(BaseModel):
     oom_mode: Literal["retract", "crash"] = "retract"
     restart_s: float = Field(default=30.0, ge=0)
     seed: int = 0
+    radix_cache: bool = False  # SGLang's prefix cache (radix_cache.py); off: as --disable-radix-cache
+    enable_cache_report: bool = False  # usage's prompt_tokens_details.cached_tokens, as SGLang's flag
     faults: FaultConfig = FaultConfig()
     # the SGLang release whose HTTP surface is served (loadtest/sim/README.md lists where they differ)
     sglang_version: Literal["0.5.23", "0.5.9"] = "0.5.23"
@@ -72,5 +74,6 @@ class SimConfig(BaseModel):
             max_queued_requests=self.max_queued_requests,
             oom_mode=self.oom_mode,
             restart_s=self.restart_s,
+            radix_cache=self.radix_cache,
         )
         return config, memory

@@ -35,6 +35,7 @@ from typing import Literal
 
 from loadtest.sim.memory import GIB, MemoryModel
 from loadtest.sim.profile import CostModel, PrefillChunk
+from loadtest.sim.radix_cache import NO_MATCH, Match, Page, RadixCache
 
 CLIP_MAX_NEW_TOKENS = 4096
 INIT_NEW_TOKEN_RATIO = 0.7
@@ -79,6 +80,7 @@ class EngineConfig:
     max_queued_requests: int | None = None
     oom_mode: Literal["retract", "crash"] = "retract"
     restart_s: float = 30.0
+    radix_cache: bool = False  # SGLang's prefix cache (radix_cache.py); off: as with --disable-radix-cache
 
     def __post_init__(self) -> None:
         if self.schedule_policy in ("random", "routing-key"):
@@ -121,11 +123,20 @@ class SimRequest:
     retractions: int = 0
     preemptions: int = 0
     queue_seq: int = 0
+    pages: list[Page] = field(default_factory=list)  # the prompt as the radix cache keys it
+    match: Match = NO_MATCH  # its cached prefix: locked while it runs, else as last looked up
+    locked: bool = False
+    cached_tokens: int = 0  # the prefix its (last) admission found cached: its usage's cached_tokens
 
     @property
     def fill_len(self) -> int:
         """Tokens that must sit in the KV cache before the next token: prompt plus output so far."""
         return self.prompt_tokens + self.generated
+
+    @property
+    def to_fill(self) -> int:
+        """Tokens still to prefill before its next token: all but its cached prefix and its own KV."""
+        return self.fill_len - self.match.tokens - self.kv
 
     @property
     def remaining_budget(self) -> int:
@@ -166,7 +177,10 @@ class Engine:
         self.waiting: list[SimRequest] = []
         self.running: list[SimRequest] = []
         self.chunked: SimRequest | None = None
+        # tokens running requests hold, their cached prefixes included (SGLang's "used"); the radix cache's
+        # unlocked tokens are apart (evictable: free for admission, evicted when the pool needs them)
         self.used_tokens = 0
+        self.cache = RadixCache() if config.radix_cache else None
         self.init_new_token_ratio = min(INIT_NEW_TOKEN_RATIO * config.schedule_conservativeness, 1.0)
         self.min_new_token_ratio = min(self.init_new_token_ratio * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.new_token_ratio_decay = (
@@ -211,6 +225,16 @@ class Engine:
     @property
     def free_tokens(self) -> int:
         return self.config.max_total_tokens - self.used_tokens
+
+    @property
+    def evictable_tokens(self) -> int:
+        """Cached tokens no running request holds: free for admission, evicted when the pool needs them."""
+        return self.cache.evictable if self.cache is not None else 0
+
+    @property
+    def kv_held(self) -> int:
+        """Cells that hold tokens: what is used and what the radix cache keeps."""
+        return self.used_tokens + self.evictable_tokens
 
     @property
     def num_running(self) -> int:
@@ -296,10 +320,10 @@ class Engine:
         guard = self.memory is not None and self.config.oom_mode == "retract"
         if self.chunked is not None:
             req = self.chunked
-            take = min(req.fill_len - req.kv, budget.chunk_left, int(budget.rem_total))
+            take = min(req.to_fill, budget.chunk_left, int(budget.rem_total))
             if take <= 0:
                 return None
-            truncated = take < req.fill_len - req.kv
+            truncated = take < req.to_fill
             if guard and not self._fits([(req, take)]):
                 self.chunked = None
                 self._fail(req, failed, self._oom_message([(req, take)]))
@@ -313,7 +337,8 @@ class Engine:
                 batch_full = True
             if batch_full and not (preempting and self._preempt_for(req, budget, preempted)):
                 break
-            ext = req.fill_len
+            self._look_up(req)
+            ext = req.to_fill
             if ext + req.remaining_budget >= budget.rem_total:
                 break  # NO_TOKEN: the KV reservation refuses admission
             if ext >= budget.rem_input and batch:
@@ -345,7 +370,7 @@ class Engine:
                     self.now,
                     failed=failed,
                     preempted=preempted,
-                    kv_tokens=self.used_tokens,
+                    kv_tokens=self.kv_held,
                 )
             return None
         if self.memory is not None and not guard and not self._fits(batch):
@@ -375,8 +400,7 @@ class Engine:
             budget.total_offset -= self._offset(r)
             budget.available += r.kv
             self.running.remove(r)
-            self.used_tokens -= r.kv
-            r.kv = 0
+            self._free(r)
             r.preemptions += 1
             preempted.append(r)
         self.total_preempted += len(chosen)
@@ -388,12 +412,13 @@ class Engine:
         self.now += self.costs.prefill_time(chunks)
         result = StepResult("prefill", start, self.now, prefill_tokens=sum(take for _, take in batch))
         result.activation_bytes = self._activation(batch)
-        result.kv_tokens = self.used_tokens + result.prefill_tokens
+        result.kv_tokens = self.kv_held + result.prefill_tokens
         for req, take in batch:
             if req is not self.chunked:
                 self.waiting.remove(req)
                 if req.admitted_at is None:
                     req.admitted_at = start
+                self._lock(req)
             req.kv += take
             self.used_tokens += take
             if req is new_chunked:
@@ -406,6 +431,7 @@ class Engine:
             else:
                 self.running.append(req)
         self.chunked = new_chunked
+        self._reclaim()
         return result
 
     def _decode(self) -> StepResult:
@@ -421,9 +447,9 @@ class Engine:
                 self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio
             )
         batch = self.running
-        self.now += self.costs.decode_time(len(batch), sum(r.kv for r in batch))
+        self.now += self.costs.decode_time(len(batch), sum(r.kv + r.match.tokens for r in batch))
         result = StepResult("decode", start, self.now, retracted=retracted, failed=failed)
-        result.kv_tokens = self.used_tokens + len(batch)
+        result.kv_tokens = self.kv_held + len(batch)
         if self.memory is not None:
             result.activation_bytes = self.memory.decode_bytes(len(batch))
         for req in list(batch):
@@ -436,6 +462,7 @@ class Engine:
                 self.running.remove(req)
                 self._complete(req, result)
         self._recent_decode.append((self.now, len(result.emitted)))
+        self._reclaim()
         return result
 
     def _decode_fits(self, batch: int) -> bool:
@@ -453,8 +480,7 @@ class Engine:
                 break  # SGLang keeps the last request running rather than retract it
             req = order.pop()
             self.running.remove(req)
-            self.used_tokens -= req.kv
-            req.kv = 0
+            self._free(req)
             req.retractions += 1
             retracted.append(req)
         for req in retracted:
@@ -471,8 +497,9 @@ class Engine:
         victims = [*self.running, *self.waiting, *([self.chunked] if self.chunked else [])]
         self.running, self.waiting, self.chunked = [], [], None
         self.used_tokens = 0
+        self.cache = RadixCache() if self.config.radix_cache else None
         for req in victims:
-            req.kv = 0
+            req.kv, req.locked = 0, False
             req.error = EngineError(500, message)
             req.finish_reason = "error"
             req.finished_at = self.now
@@ -488,13 +515,19 @@ class Engine:
         return req.remaining_budget * self.new_token_ratio
 
     def _chunks(self, batch: list[tuple[SimRequest, int]]) -> list[PrefillChunk]:
-        return [PrefillChunk(req.kv, take, req.encoder_tokens if req.kv == 0 else 0) for req, take in batch]
+        """Each request's chunk: what it computes after its cached prefix and its own KV, its encoders run on
+        the media after the prefix with its first chunk."""
+        out = []
+        for req, take in batch:
+            encoder = 0 if req.kv else req.encoder_tokens - req.match.encoder
+            out.append(PrefillChunk(req.match.tokens + req.kv, take, encoder))
+        return out
 
     def _activation(self, batch: list[tuple[SimRequest, int]]) -> int:
         """Activation bytes of a prefill step over `batch` (before it runs); 0 without a memory model."""
         if self.memory is None:
             return 0
-        sampled = sum(take == req.fill_len - req.kv for req, take in batch)
+        sampled = sum(take == req.to_fill for req, take in batch)
         return self.memory.prefill_bytes(self._chunks(batch), sampled)
 
     def _fits(self, batch: list[tuple[SimRequest, int]]) -> bool:
@@ -536,8 +569,7 @@ class Engine:
 
     def _fail(self, req: SimRequest, failed: list[SimRequest], message: str) -> None:
         req.error = EngineError(500, message)
-        self.used_tokens -= req.kv
-        req.kv = 0
+        self._free(req)
         req.finished_at = self.now
         req.finish_reason = "error"
         failed.append(req)
@@ -547,19 +579,46 @@ class Engine:
         self.waiting.append(req)
 
     def _complete(self, req: SimRequest, result: StepResult) -> None:
-        self.used_tokens -= req.kv
-        req.kv = 0
+        if self.cache is not None:  # its prompt joins the tree: the pages not there already stay in the pool
+            self.cache.insert(req.pages)
+        self._free(req)
         req.finished_at = self.now
         req.finish_reason = "length" if req.generated >= req.max_new_tokens else "stop"
         result.finished.append(req)
 
     def _finish_aborted(self, req: SimRequest) -> SimRequest:
-        self.used_tokens -= req.kv
-        req.kv = 0
+        self._free(req)
         req.finished_at = self.now
         req.finish_reason = "abort"
         self.total_aborted += 1
         return req
+
+    # -- the radix cache (radix_cache.py) ------------------------------------------------------------
+    def _look_up(self, req: SimRequest) -> None:
+        """Before a request's admission: the prefix the tree holds of it (nothing while it holds KV)."""
+        if self.cache is not None and not req.kv and not req.locked:
+            req.match = self.cache.match(req.pages, req.fill_len)
+
+    def _lock(self, req: SimRequest) -> None:
+        """Admitted: its cached prefix is held for it (no longer evictable) and reported in its usage."""
+        if self.cache is not None and not req.locked:
+            self.used_tokens += self.cache.lock(req.pages, req.match, req.fill_len)
+            req.locked, req.cached_tokens = True, req.match.tokens
+
+    def _free(self, req: SimRequest) -> None:
+        """The request gives back its own KV and its hold on its cached prefix."""
+        self.used_tokens -= req.kv
+        req.kv = 0
+        if self.cache is not None and req.locked:
+            self.used_tokens -= self.cache.unlock(req.pages, req.match)
+        req.locked, req.match = False, NO_MATCH
+
+    def _reclaim(self) -> None:
+        """Evict unlocked cached pages until what is used and what is cached fit the pool."""
+        if self.cache is not None:
+            over = self.kv_held - self.config.max_total_tokens
+            if over > 0:
+                self.cache.evict(over)
 
 
 def _rank(req: SimRequest, sign: int) -> int:

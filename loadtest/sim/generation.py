@@ -66,9 +66,16 @@ WORK_KEPT = 100_000  # requests the work ledger remembers (oldest dropped first)
 
 class Generator:
     def __init__(
-        self, profile: Profile, runner: EngineRunner, faults: FaultInjector, seed: int, legacy: bool = False
+        self,
+        profile: Profile,
+        runner: EngineRunner,
+        faults: FaultInjector,
+        seed: int,
+        legacy: bool = False,
+        cache_report: bool = False,
     ) -> None:
         self.legacy = legacy  # SGLang 0.5.9's surface (responses.py), else 0.5.23's
+        self.cache_report = cache_report  # usage tells the prompt's cached tokens (--enable-cache-report)
         # the engine's own account of the work it took, by the caller's x-request-id (GET /sim/work): what
         # a gateway's ledger must match
         self.work: dict[str, tuple[float, SimRequest]] = {}
@@ -124,6 +131,7 @@ class Generator:
             output_len=self._output_len(max_new, call.ignore_eos),
             encoder_tokens=call.prompt.encoder_tokens,
             priority=call.priority,
+            pages=call.prompt.pages.pages if call.prompt.pages is not None else [],
         )
         try:
             handle = self.runner.submit(req)
@@ -203,7 +211,7 @@ class Generator:
         if call.kind == "generate":
             return _native_chunk(req, req.generated)
         return ChunkFactory(req.rid, call.model, call.kind == "chat", self.legacy).complete(
-            text, finish, _counted_prompt(req), req.generated
+            text, finish, _counted_prompt(req), req.generated, self._cached(req)
         )
 
     async def _drain(self, handle: Handle) -> None:
@@ -239,12 +247,16 @@ class Generator:
             elif call.kind != "generate":  # an `/abort_request` ends it cleanly too: finish_reason "abort"
                 yield chunks.finish_chunk(req.finish_reason or "stop")
                 if call.include_usage:
-                    yield chunks.usage_chunk(_counted_prompt(req), req.generated)
+                    yield chunks.usage_chunk(_counted_prompt(req), req.generated, self._cached(req))
             yield SSE_DONE
         finally:
             if req.finished_at is None:
                 self.runner.abort(req.rid)
             self.runner.release(handle)
+
+    def _cached(self, req: SimRequest) -> int | None:
+        """The usage's cached tokens: reported only with --enable-cache-report, as SGLang does."""
+        return req.cached_tokens if self.cache_report else None
 
 
 def _counted_prompt(req: SimRequest) -> int:
@@ -272,7 +284,7 @@ def _meta(req: SimRequest) -> dict[str, Any]:
         "finish_reason": finish,
         "prompt_tokens": req.prompt_tokens,
         "completion_tokens": req.generated,
-        "cached_tokens": 0,
+        "cached_tokens": req.cached_tokens,
         "e2e_latency": e2e,
     }
 

@@ -8,7 +8,8 @@ generated, as SGLang 0.5.23 counts them; per step (recomputations included) with
 SGLang 0.5.23's gauges (the default; 0.5.9's with `legacy`) carry `moe_ep_rank` and `priority` labels: the
 whole scheduler is `priority=""`, and with priority scheduling the request gauges add one series per
 priority seen since start (a request without one is `priority="-9223372036854775808"`); the KV pool is also
-split into `kv_used_tokens`, `kv_available_tokens` and `kv_evictable_tokens` (always 0: no radix cache).
+split into `kv_used_tokens`, `kv_available_tokens` and `kv_evictable_tokens` (the radix cache's unlocked
+tokens with `--radix-cache`, else 0).
 """
 
 from __future__ import annotations
@@ -206,11 +207,13 @@ class SimMetrics:
         self.token_usage.labels(**s).set(round(engine.used_tokens / total, 4))
         self.max_total_num_tokens.labels(**s).set(total)
         self.gen_throughput.labels(**s).set(round(engine.gen_throughput(), 2))
-        self.cache_hit_rate.labels(**s).set(0.0)
+        self.cache_hit_rate.labels(**s).set(round(engine.cache.hit_rate, 4) if engine.cache else 0.0)
         self.num_retracted_reqs.labels(**s).set(engine.num_retracted_waiting())
         if not self.legacy:
-            free = total - engine.used_tokens
-            for part, amount in (("used", engine.used_tokens), ("available", free), ("evictable", 0)):
+            evictable = engine.evictable_tokens
+            free = total - engine.used_tokens - evictable
+            parts = (("used", engine.used_tokens), ("available", free), ("evictable", evictable))
+            for part, amount in parts:
                 self.kv[part].labels(**s).set(amount)
             if self.priority_scheduling:
                 self._by_priority(engine)

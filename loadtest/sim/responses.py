@@ -70,12 +70,14 @@ def sse(payload: Any) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-def usage(prompt: int, completion: int, legacy: bool = False) -> dict[str, Any]:
+def usage(prompt: int, completion: int, legacy: bool = False, cached: int | None = None) -> dict[str, Any]:
+    """`cached`: the prompt's tokens served from the radix cache, told as SGLang's --enable-cache-report
+    tells them (None: not reported)."""
     out: dict[str, Any] = {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": None if cached is None else {"cached_tokens": cached},
         "reasoning_tokens": 0,
     }
     if not legacy:
@@ -146,10 +148,12 @@ class ChunkFactory:
     def finish_chunk(self, finish: str) -> bytes:
         return sse(self._envelope([self._choice(None if self.chat else "", finish)], None))
 
-    def usage_chunk(self, prompt: int, completion: int) -> bytes:
-        return sse(self._envelope([], usage(prompt, completion, self.legacy)))
+    def usage_chunk(self, prompt: int, completion: int, cached: int | None = None) -> bytes:
+        return sse(self._envelope([], usage(prompt, completion, self.legacy, cached)))
 
-    def complete(self, text: str, finish: str, prompt: int, completion: int) -> dict[str, Any]:
+    def complete(
+        self, text: str, finish: str, prompt: int, completion: int, cached: int | None = None
+    ) -> dict[str, Any]:
         stop = matched_stop(finish)
         if self.chat:
             message = {"role": "assistant", "content": text, "reasoning_content": None}
@@ -181,7 +185,7 @@ class ChunkFactory:
             "created": self.created,
             "model": self.model,
             "choices": [choice],
-            "usage": usage(prompt, completion, self.legacy),
+            "usage": usage(prompt, completion, self.legacy, cached),
             "metadata": metadata,
         }
 

@@ -28,6 +28,7 @@ from loadtest.sim.faults import FaultInjector
 from loadtest.sim.generation import Call, Generator, int_field
 from loadtest.sim.memory import GIB
 from loadtest.sim.metrics import SimMetrics
+from loadtest.sim.radix_cache import PromptPages
 from loadtest.sim.responses import error_response, json_response
 from loadtest.sim.runtime import EngineRunner, VirtualClock
 from loadtest.sim.tokens import PromptCount, PromptCounter, PromptError
@@ -56,7 +57,7 @@ class SimBackend:
             priority_scheduling=config.enable_priority_scheduling,
         )
         self.faults = FaultInjector(config.faults, seed=config.seed)
-        self.counter = PromptCounter(self.profile)
+        self.counter = PromptCounter(self.profile, pages=config.radix_cache)
         self.runner: EngineRunner | None = None
         self.generator: Generator | None = None
         self.embedder: Embedder | None = None
@@ -67,7 +68,12 @@ class SimBackend:
         self.clock = VirtualClock(self.config.time_scale)
         self.runner = EngineRunner(self.engine, self.clock, self.metrics)
         self.generator = Generator(
-            self.profile, self.runner, self.faults, self.config.seed, legacy=self.config.legacy
+            self.profile,
+            self.runner,
+            self.faults,
+            self.config.seed,
+            legacy=self.config.legacy,
+            cache_report=self.config.enable_cache_report,
         )
         self.embedder = Embedder(self.counter, self.runner, self.faults, self.generator.context_len)
         self.runner.start()
@@ -157,7 +163,11 @@ class SimBackend:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            return PromptCount(text=self.counter.text(prompt))
+            count = PromptCount(text=self.counter.text(prompt))
+            if self.config.radix_cache:
+                count.pages = PromptPages()
+                count.pages.text(prompt, self.counter.text)
+            return count
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             return PromptCount(text=len(prompt))
         raise PromptError("prompt must be a string or a list of token ids (one prompt per request).")
@@ -315,7 +325,8 @@ class SimBackend:
 
     async def loads(self, request: Request) -> Response:
         """SGLang 0.5.23's /v1/loads: per DP rank, the counts 0.5.23 reports that the model has (no
-        disaggregation, no prefix cache); 0.5.9's shorter document with `--sglang-version 0.5.9`."""
+        disaggregation; the prefix cache's hit rate with `--radix-cache`); 0.5.9's shorter document with
+        `--sglang-version 0.5.9`."""
         e, m = self.engine, self.memory
         total = e.config.max_total_tokens
         load: dict[str, Any] = {
@@ -326,7 +337,7 @@ class SimBackend:
             "max_total_num_tokens": total,
             "token_usage": round(e.used_tokens / total, 4),
             "gen_throughput": round(e.gen_throughput(), 2),
-            "cache_hit_rate": 0.0,
+            "cache_hit_rate": round(e.cache.hit_rate, 4) if e.cache else 0.0,
             "max_running_requests": e.config.max_running_requests,
         }
         if self.config.legacy:

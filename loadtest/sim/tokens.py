@@ -18,6 +18,7 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from loadtest.sim.profile import Profile
+from loadtest.sim.radix_cache import PromptPages
 from loadtest.sim.vision import audio_tokens, image_tokens, video_tokens
 
 
@@ -38,6 +39,7 @@ class PromptCount:
     audio_tokens: int = 0
     video_tokens: int = 0
     markers: int = 0
+    pages: PromptPages | None = None  # the prompt as the radix cache keys it (radix_cache.py), when it runs
 
     @property
     def encoder_tokens(self) -> int:
@@ -106,8 +108,9 @@ def wav_seconds(data: bytes) -> float:
 
 
 class PromptCounter:
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, pages: bool = False) -> None:
         self.profile = profile
+        self.pages = pages  # also cut the prompt into the radix cache's pages
 
     def text(self, text: str) -> int:
         return text_tokens(text, self.profile.text.bytes_per_token)
@@ -116,13 +119,21 @@ class PromptCounter:
         if not isinstance(messages, list) or not messages:
             raise PromptError("messages must be a non-empty list.")
         count = PromptCount(text=self.profile.text.tokens_per_prompt)
+        pages = count.pages = PromptPages() if self.pages else None
+        if pages is not None:
+            pages.add(b"template", count.text)
         for i, msg in enumerate(messages):
             if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
                 raise PromptError(f"messages[{i}] must be an object with a string 'role'.")
-            count.text += self.profile.text.tokens_per_message + self.text(msg["role"])
+            header = self.profile.text.tokens_per_message + self.text(msg["role"])
+            count.text += header
+            if pages is not None:
+                pages.add(b"role:" + msg["role"].encode(), header)
             content = msg.get("content")
             if content is None or isinstance(content, str):
                 count.text += self.text(content or "")
+                if pages is not None:
+                    pages.text(content or "", self.text)
             elif isinstance(content, list):
                 for j, part in enumerate(content):
                     self._part(part, count, f"messages[{i}].content[{j}]")
@@ -136,6 +147,8 @@ class PromptCounter:
         kind = part.get("type")
         if kind == "text":
             count.text += self.text(str(part.get("text", "")))
+            if count.pages is not None:
+                count.pages.text(str(part.get("text", "")), self.text)
         elif kind == "image_url":
             self.add_image(_decode_base64(_source(part, "image_url"), "image"), count)
         elif kind in ("input_audio", "audio_url"):
@@ -147,9 +160,12 @@ class PromptCounter:
 
     def add_image(self, data: bytes, count: PromptCount) -> None:
         height, width = image_size(data)
+        tokens = image_tokens(height, width, self.profile.vision)
         count.images += 1
-        count.image_tokens += image_tokens(height, width, self.profile.vision)
+        count.image_tokens += tokens
         count.markers += self.profile.vision.markers_per_image
+        if count.pages is not None:
+            count.pages.add(data, tokens + self.profile.vision.markers_per_image, tokens)
 
     def _audio(self, part: dict[str, Any], kind: str, count: PromptCount) -> None:
         spec = part.get(kind)
@@ -167,8 +183,11 @@ class PromptCounter:
             seconds = wav_seconds(_decode_base64(spec["data"], "audio"))
         else:
             seconds = wav_seconds(_decode_base64(_source(part, "audio_url"), "audio"))
-        count.audio_tokens += audio_tokens(seconds, self.profile.audio)
+        tokens = audio_tokens(seconds, self.profile.audio)
+        count.audio_tokens += tokens
         count.markers += self.profile.audio.markers_per_clip
+        if count.pages is not None:
+            count.pages.add(repr(spec).encode(), tokens + self.profile.audio.markers_per_clip, tokens)
 
     def _video(self, part: dict[str, Any], count: PromptCount) -> None:
         spec = part.get("video_url")
@@ -182,7 +201,8 @@ class PromptCounter:
             )
         h, w = spec.get("height"), spec.get("width")
         dims_ok = isinstance(h, int) and isinstance(w, int) and h > 0 and w > 0
-        count.video_tokens += video_tokens(
-            frames, h if dims_ok else None, w if dims_ok else None, self.profile.vision
-        )
+        tokens = video_tokens(frames, h if dims_ok else None, w if dims_ok else None, self.profile.vision)
+        count.video_tokens += tokens
         count.markers += self.profile.vision.markers_per_image
+        if count.pages is not None:
+            count.pages.add(repr(spec).encode(), tokens + self.profile.vision.markers_per_image, tokens)

@@ -55,6 +55,16 @@ async def test_light_load_dispatches_at_once_and_release_is_idempotent() -> None
         "max_total_tokens": None,
         "round_prefill_tokens": 300,
         "pending_prefill_tokens": 300,  # a stream until its first byte
+        "prefix_index": {  # a ticket without a prompt's chunk chain is not indexed
+            "chunks": 0,
+            "tokens": 0,
+            "capacity_tokens": 1 << 18,
+            "requests": 0,
+            "hits": 0,
+            "hit_rate": None,
+            "predicted_token_share": None,
+            "engine_token_share": None,
+        },
         "buckets": {"text": 1},
     }
     lease.started()

@@ -55,7 +55,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def simulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     group = Processes(tmp_path_factory.mktemp("sim"))
     try:
-        sim = group.sim("--profile", "tiny-llama-cpu", "--model", SERVED_MODEL, *ENGINE_FLAGS)
+        flags = ("--profile", "tiny-llama-cpu", "--model", SERVED_MODEL, "--radix-cache", *ENGINE_FLAGS)
+        sim = group.sim(*flags)  # the radix cache SGLang runs by default
         yield Server("sim", sim.url, _metrics(sim.url))
     finally:
         group.close()

@@ -23,6 +23,7 @@ from tests.engine.conftest import Server
 from tests.engine.wire import (
     CAP,
     LONG,
+    PROMPT,
     chat_body,
     loads,
     names,
@@ -142,6 +143,22 @@ def test_whole_and_streamed_answers_count_the_same_prompt(quiet: Server) -> None
     whole = _post(quiet, "/v1/chat/completions", chat_body(2)).json()["usage"]["prompt_tokens"]
     streamed = stream_chat(quiet.url, chat_body(2, stream_options={"include_usage": True}))
     assert streamed[-2]["usage"]["prompt_tokens"] == whole
+
+
+def test_cache_report_counts_the_repeated_conversation_as_cached(quiet: Server) -> None:
+    """With --enable-cache-report, usage tells the prompt tokens served from the radix cache: a next turn
+    finds the earlier turn's prompt there (a new conversation only what it shares with earlier prompts:
+    the chat template's first tokens at most)."""
+    system = {"role": "system", "content": f"Conversation {time.time_ns()}: " + "be brief and exact. " * 60}
+    turn1 = [system, {"role": "user", "content": PROMPT}]
+    first = _post(quiet, "/v1/chat/completions", {**chat_body(4), "messages": turn1}).json()["usage"]
+    assert set(first["prompt_tokens_details"]) == {"cached_tokens"}
+    assert 0 <= first["prompt_tokens_details"]["cached_tokens"] < first["prompt_tokens"] // 10
+    turn2 = [*turn1, {"role": "assistant", "content": "Once."}, {"role": "user", "content": "Go on."}]
+    streamed = stream_chat(quiet.url, chat_body(4, messages=turn2, stream_options={"include_usage": True}))
+    second = streamed[-2]["usage"]
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+    assert first["prompt_tokens"] * 0.8 <= cached < second["prompt_tokens"]
 
 
 def test_rid_in_the_body_is_the_response_id(quiet: Server) -> None:

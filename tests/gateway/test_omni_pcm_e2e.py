@@ -4,6 +4,8 @@ answers."""
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Callable
 
 import httpx
@@ -49,3 +51,34 @@ def test_admin_state_shows_the_servers_audio_metrics_beside_the_gateways(
     assert server["audio_seconds"] == pytest.approx(gateway["audio_seconds"], abs=1e-3)  # the same audio
     assert gateway["ttfa_s_mean"] > 0 and gateway["rtf_mean"] > 0
     assert server["ttfp_s_mean"] > 0 and server["rtf_mean"] > 0
+
+
+def test_chat_audio_asked_as_pcm_is_timed_at_the_models_rate(
+    sims,  # noqa: F811
+    start_gateway: Callable[..., ServerThread],
+) -> None:
+    """0.1.9's chat deltas in `pcm` carry no rate: the model's `speech_sample_rate` (24 kHz) times them."""
+    sim = sims("--omni-release", "later")
+    gw = omni_gateway(start_gateway, [sim.url], version="later")
+    pcm_bytes = 0
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": TEXT}],
+        "modalities": ["text", "audio"],
+        "audio": {"format": "pcm"},
+        "stream": True,
+    }
+    with httpx.stream("POST", gw + "/v1/chat/completions", json=body, timeout=30) as reply:
+        assert reply.status_code == 200
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line[6:]).get("choices") or ():
+                    data = ((choice.get("delta") or {}).get("audio") or {}).get("data")
+                    if data:
+                        raw = base64.b64decode(data)
+                        assert raw[:4] != b"RIFF"  # raw PCM, not a WAV
+                        pcm_bytes += len(raw)
+    assert pcm_bytes > 0
+    assert wait_for(lambda: backends(gw)[0]["audio"]["gateway"]["answers"] == 1)
+    seconds = backends(gw)[0]["audio"]["gateway"]["audio_seconds"]
+    assert seconds == pytest.approx(pcm_bytes / 48_000, abs=1e-3)

@@ -110,6 +110,12 @@ def chat(tokens: int, *, images: int = 0, stream: bool = True) -> dict[str, Any]
     }
 
 
+def _asking(body: dict[str, Any], question: str) -> dict[str, Any]:
+    """`body` with its text part replaced by `question` (four times, as long as `chat`'s own)."""
+    body["messages"][0]["content"][0]["text"] = f"{question} " * 4
+    return body
+
+
 class Stack:
     """Sims and one gateway, started in-process on free loopback ports."""
 
@@ -494,8 +500,10 @@ async def test_a_second_big_lower_band_prompt_waits_its_spaced_turn(stack: Stack
         async with client.stream("POST", url, json=chat(200), headers={"x-priority": "10"}) as high:
             rest = high.aiter_raw()
             await anext(rest)  # its first byte: nothing waits in the engine, a band-0 prompt may go alone
-            first = await send(chat(4))
-            second = asyncio.create_task(send(chat(4)))
+            # prompts of their own: a prompt the backend holds cached (the same text again) costs no
+            # prefill there, and so is neither big nor spaced (the prefix index, decision 0110)
+            first = await send(_asking(chat(4), "Which tenant waits longest?"))
+            second = asyncio.create_task(send(_asking(chat(4), "How long is one round of the window?")))
             seen = []
             for _ in range(100):
                 seen.append(await head_blocked_by())

@@ -129,3 +129,12 @@ def test_openais_speech_delta_holds_the_base64_itself() -> None:
     assert obj == {"type": "speech.audio.delta", "audio": ""} and seconds == pytest.approx(0.6)
     done = json.dumps({"type": "speech.audio.done", "usage": {"input_tokens": 3}}).encode()
     assert read_json(done) == (json.loads(done), None)
+
+
+def test_a_chat_delta_in_pcm_is_timed_by_the_rate_given_and_a_wav_by_its_own() -> None:
+    pcm = b"\x00\x00" * 16_000 * 3  # 3 s at 16 kHz, 2 s at 24 kHz
+    assert read_json(chat_chunk(b64(pcm)))[1] == 0.0  # no rate anywhere: audio of no known length
+    assert read_json(chat_chunk(b64(pcm)), pcm_rate=16_000)[1] == pytest.approx(3.0)
+    assert read_json(chat_chunk(b64(pcm)), pcm_rate=RATE)[1] == pytest.approx(2.0)
+    assert read_json(chat_chunk(b64(wav(0.8, rate=16_000))), pcm_rate=RATE)[1] == pytest.approx(0.8)
+    assert read_json(speech_chunk(b64(pcm), fmt="pcm"), pcm_rate=16_000)[1] == pytest.approx(2.0)

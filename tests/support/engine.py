@@ -33,6 +33,7 @@ ENGINE_FLAGS = (
     "--max-queued-requests",
     "2",
     "--enable-priority-scheduling",
+    "--enable-cache-report",  # usage's prompt_tokens_details.cached_tokens (the radix cache is on by default)
 )
 
 

@@ -12,7 +12,7 @@ from gateway.backends.progress import EngineProgress
 from gateway.estimate.text import estimate_text_tokens
 from gateway.sse import SSERelay, whole_answer_tokens
 from gateway.stream_end import reported_usage
-from gateway.tenants.charge import Inferred, billable, infer, left_waiting
+from gateway.tenants.charge import Inferred, billable, charged_prompt, infer, left_waiting
 from gateway.ticket import Cost, Ending, Outcome, Prefill, Ticket, Usage
 
 
@@ -70,6 +70,16 @@ def test_a_guessed_prompt_is_the_lesser_of_the_price_and_the_engines_predicted_c
         ({"prompt_tokens": 900, "completion_tokens": 0}, Usage(900, 0)),  # ended within its prefill
         ({"prompt_tokens": None, "completion_tokens": 5}, Usage(0, 5)),
         ({"prompt_tokens": "12", "completion_tokens": -3}, Usage(0, 0)),
+        # --enable-cache-report: the cached prefix, never more than the prompt; null details: not told
+        (
+            {"prompt_tokens": 900, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 640}},
+            Usage(900, 5, 640),
+        ),
+        (
+            {"prompt_tokens": 9, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 64}},
+            Usage(9, 5, 9),
+        ),
+        ({"prompt_tokens": 9, "completion_tokens": 5, "prompt_tokens_details": None}, Usage(9, 5, None)),
     ],
 )
 def test_an_ended_request_is_charged_the_usage_the_engine_reported(
@@ -284,3 +294,19 @@ def test_a_request_that_never_reached_the_engine_is_left_uncharged() -> None:
     t = Ticket(id="r", model="m", stream=True, arrival=0.0, cost=Cost(text_tokens=1000))
     left_waiting(t, progress, 1.0, runs_on=False)
     assert t.usage is None and billable(t) == Usage(0, 0)
+
+
+@pytest.mark.parametrize(
+    ("usage", "share", "charged"),
+    [
+        (Usage(900, 5, 640), 1.0, 900),  # the default: full price, as if nothing were cached
+        (Usage(900, 5, 640), 0.25, 260 + 160),
+        (Usage(900, 5, 641), 0.25, 259 + 161),  # a cached share rounds up
+        (Usage(900, 5, 640), 0.0, 260),
+        (Usage(900, 5, None), 0.25, 900),  # not told: the whole prompt
+    ],
+)
+def test_cached_prompt_tokens_are_charged_at_the_policys_share(
+    usage: Usage, share: float, charged: int
+) -> None:
+    assert charged_prompt(usage, share) == charged

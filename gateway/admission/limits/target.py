@@ -30,7 +30,7 @@ burst of prompts. A request's TPOT is its step / (1 − the share of its decode 
 decoding request keeps the objective while prefill takes at most `1 − step / (headroom × objective)` of
 the engine: that is the duty the round's metered prefill budget is scaled by (rounds.py), the step
 recovered from each sample's TPOT and the prefill the gateway sent its engine while it decoded
-(decision 0452). Until `window` samples exist the duty is 1.
+(decision 0450). Until `window` samples exist the duty is 1.
 """
 
 from __future__ import annotations

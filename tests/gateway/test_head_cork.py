@@ -1,0 +1,82 @@
+"""HeadCork: a response's header block leaves with the first body bytes of the same loop turn."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway.edge import HeadCork
+
+pytestmark = pytest.mark.unit
+
+
+class Wire:
+    """A transport that records each write as one send."""
+
+    def __init__(self) -> None:
+        self.sends: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.sends.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 1) if name == "peername" else None
+
+
+def cork(wire: Wire) -> HeadCork:
+    return HeadCork(wire)  # type: ignore[arg-type]
+
+
+async def test_a_whole_response_leaves_in_one_send() -> None:
+    wire = Wire()
+    t = cork(wire)
+    t.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert wire.sends == []
+    t.write(b"{}")
+    assert wire.sends == [b"HTTP/1.1 200 OK\r\n\r\n{}"]
+    await asyncio.sleep(0)  # the turn's flush finds nothing held
+    t.write(b"more")
+    assert wire.sends == [b"HTTP/1.1 200 OK\r\n\r\n{}", b"more"]
+
+
+async def test_a_head_alone_leaves_at_the_end_of_the_turn() -> None:
+    wire = Wire()
+    t = cork(wire)
+    t.write(b"head")
+    await asyncio.sleep(0)
+    assert wire.sends == [b"head"]
+    t.write(b"chunk")
+    assert wire.sends == [b"head", b"chunk"]
+
+
+async def test_a_large_body_is_not_copied_onto_the_head() -> None:
+    wire = Wire()
+    t = cork(wire)
+    body = b"x" * 70_000
+    t.write(b"head")
+    t.write(body)
+    assert wire.sends == [b"head", body]
+
+
+async def test_close_sends_what_is_held_and_a_closed_peer_gets_nothing() -> None:
+    wire = Wire()
+    t = cork(wire)
+    t.write(b"head")
+    t.close()
+    assert wire.sends == [b"head"] and wire.closed and t.is_closing()
+    gone = Wire()
+    g = cork(gone)
+    g.write(b"head")
+    gone.closed = True
+    await asyncio.sleep(0)
+    assert gone.sends == []
+    assert g.get_extra_info("peername") == ("127.0.0.1", 1)  # everything else passes through
