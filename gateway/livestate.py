@@ -80,7 +80,7 @@ class LiveState:
         for name, pool in self.pools.items():
             sched = self.schedulers[name]
             snap = sched.snapshot()
-            book = sched.dispatcher.stages
+            book = sched.stages
             head = next(sched.queue.ordered(), None)
             for entry, b in zip(snap["backends"], pool.backends, strict=True):
                 entry.update(

@@ -2,8 +2,9 @@
 straight line.
 
 read + validate → route to pool → (admission stages) → acquire a backend → open upstream (retry once before
-the first byte) → relay → finish: release, account, measure. A client disconnect at any point cancels the
-line; the `finally` releases whatever the request held.
+the first byte) → relay → end of the relay: its one result (`Relayed`, gateway/ticket.py) sets the ticket,
+the usage, the learners and releases the lease → finish: the outcome, the charge, the measures. A client
+disconnect at any point cancels the line; the `finally` releases whatever the request held.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -41,7 +43,7 @@ from gateway.speech.pcm import PcmFormat
 from gateway.sse import SSERelay, error_event, leading_error, whole_answer_tokens
 from gateway.stream_end import read_to_usage, reported_usage
 from gateway.tenants.charge import infer, left_waiting
-from gateway.ticket import Outcome, Ticket, Usage
+from gateway.ticket import Ending, Outcome, Relayed, Ticket, Usage
 from gateway.upstream import Response
 
 if TYPE_CHECKING:
@@ -124,6 +126,59 @@ def _pace(backend: BackendState, ticket: Ticket) -> None:
         backend.progress.answered((ticket.finished_at - prefilled) / tokens)
 
 
+_ANSWERED = Ending(Outcome.OK)
+
+
+class Unanswered(Exception):
+    """No backend answered the request (before the first byte, retries spent or not allowed): the error
+    the client gets and the outcome its backend's kind judged."""
+
+    def __init__(self, error: ApiError, outcome: Outcome) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.outcome = outcome
+
+
+def _refused(e: ApiError) -> Outcome:
+    """A refusal's outcome: the gateway's for load (429, 503), else the request's own fault."""
+    return Outcome.REJECTED if e.status in (429, 503) else Outcome.CLIENT_ERROR
+
+
+def _relay_ending(handed: list[Relayed]) -> Ending:
+    """How the relay ended (PENDING: none ran)."""
+    return handed[0].ending if handed else Ending()
+
+
+def _cut_event(ending: Ending) -> bytes:
+    """The SSE error event a stream cut short ends with."""
+    assert ending.error is not None and ending.error_status is not None  # _failed sets both
+    return error_event(ending.error, ending.error_status)
+
+
+def _metered(
+    ending: Ending,
+    usage: Usage | None,
+    answer_tokens: int,
+    meter: SpeechMeter,
+    first_token_at: float | None,
+    last_token_at: float | None,
+    finished_at: float,
+) -> Relayed:
+    """A streamed relay's result: its audio as `meter` measured it."""
+    return Relayed(
+        ending,
+        usage,
+        answer_tokens,
+        first_token_at,
+        last_token_at,
+        meter.first_at,
+        meter.seconds,
+        meter.rtf,
+        meter.stalls,
+        finished_at,
+    )
+
+
 Kept = list[tuple["asyncio.Future[Response]", Callable[[], None]]]
 
 
@@ -186,6 +241,8 @@ class CompletionEndpoint:
         reservation: Reservation | None = None
         policy = self.gw.policy.current  # this request keeps this policy object to the end
         error: str | None = None
+        handed: list[Relayed] = []  # the relay's one result, however it ended (none before it began)
+        ending: Ending | None = None  # how it ended, when not by its relay alone
         try:
             self.gw.drain.refuse_if_draining()
             tenant = await self.gw.authenticate(request)
@@ -198,37 +255,47 @@ class CompletionEndpoint:
             with anyio.CancelScope() as on_disconnect:
                 watcher = asyncio.create_task(ex.watch_disconnect(receive, on_disconnect))
                 try:
-                    await self._serve(ex, ticket, parsed, pool, policy)
+                    await self._serve(ex, ticket, parsed, pool, policy, handed)
                 finally:
                     watcher.cancel()
-        except ApiError as e:
-            error = e.message
-            if ticket.outcome == Outcome.PENDING:
-                ticket.outcome = Outcome.REJECTED if e.status in (429, 503) else Outcome.CLIENT_ERROR
-            ticket.error_code = e.code
+        except (ApiError, Unanswered) as e:
+            err = e.error if isinstance(e, Unanswered) else e
+            error = err.message
+            outcome = e.outcome if isinstance(e, Unanswered) else _refused(err)
+            ending = Ending(outcome, error_code=err.code)
             if not ex.started and not ex.disconnected:
-                ex.status = e.status
-                await send_error(send, e, ticket.rate_limits)  # refused after admission: the limits too
+                ex.status = err.status
+                await send_error(send, err, ticket.rate_limits)  # refused after admission: the limits too
         except ClientDisconnect:  # the client left while sending its body: nothing was admitted
             ex.disconnected = True
-            ticket.outcome = Outcome.CANCELLED
+            ending = Ending(Outcome.CANCELLED)
         except Exception:
             log.exception("request %s failed", ticket.id)
-            ticket.outcome, error = Outcome.INTERNAL_ERROR, "internal gateway error"
+            ending = replace(_relay_ending(handed), outcome=Outcome.INTERNAL_ERROR)
+            error = "internal gateway error"
             if not ex.started and not ex.disconnected:
                 ex.status = 500
                 await send_error(
                     send, ApiError(500, "Internal gateway error.", code=ErrorCode.INTERNAL_ERROR)
                 )
         finally:
-            if ex.disconnected and ticket.outcome in (Outcome.PENDING, Outcome.OK):
-                ticket.outcome = Outcome.CANCELLED
+            if ending is None:
+                ending = _relay_ending(handed)
+            if ex.disconnected and ending.outcome in (Outcome.PENDING, Outcome.OK):
+                ending = replace(ending, outcome=Outcome.CANCELLED)
             scope["state"]["access_logged"] = self.gw.access is not None
-            await self.gw.finish(ticket, reservation, ex.status, error or ticket.error)
+            await self.gw.finish(ticket, ending, reservation, ex.status, error or ending.error)
 
     async def _serve(
-        self, ex: Exchange, ticket: Ticket, parsed: ParsedRequest, pool: Pool, policy: Any
+        self,
+        ex: Exchange,
+        ticket: Ticket,
+        parsed: ParsedRequest,
+        pool: Pool,
+        policy: Any,
+        handed: list[Relayed],
     ) -> None:
+        """Open, relay, end the relay: the relay appends its one result to `handed` however it ends."""
         body = parsed.body
         strip_usage = parsed.stream and not parsed.include_usage and parsed.endpoint != "speech"
         if strip_usage:
@@ -238,20 +305,31 @@ class CompletionEndpoint:
         t = pool_policy.timeouts
         deadlines = Deadlines(t.connect, t.first_byte, t.idle, t.total)
         upstream, lease = await self._open(ticket, pool, body, headers, deadlines, pool_policy.retries)
+        hand = handed.append
         try:
             if parsed.stream:
-                await self._relay_stream(ex, ticket, pool, lease, upstream, strip_usage, deadlines)
+                await self._relay_stream(ex, ticket, pool, lease, upstream, strip_usage, deadlines, hand)
             else:
-                await self._send_whole(ex, ticket, upstream)
+                await self._send_whole(ex, ticket, upstream, hand)
         finally:
             upstream.close()
-            self._release(ticket, lease, deadlines)
+            self._end_relay(ticket, lease, deadlines, handed[0] if handed else None)
 
-    def _release(self, ticket: Ticket, lease: Lease, deadlines: Deadlines) -> None:
-        """Return the backend's budgets; the lease feeds the controller and the prefill-rate estimate. An
-        answer the gateway left unfinished (the client left, a deadline passed) may still run there."""
+    def _end_relay(self, ticket: Ticket, lease: Lease, deadlines: Deadlines, relayed: Relayed | None) -> None:
+        """The attempt's one end: the ticket takes what the relay delivered and saw (its timings, its audio,
+        the engine's usage or, without it, the inferred charge), the backend learns its decode pace, its
+        prompt counts and its audio, and the lease goes back, feeding the controller and the prefill-rate
+        estimate. An answer the gateway left unfinished (the client left, a deadline passed) may still run
+        there. `relayed` None: the relay never began (the client left as its headers went out)."""
+        ending = Ending() if relayed is None else relayed.ending
+        if relayed is not None:
+            ticket.relayed, ticket.finished_at = relayed, relayed.finished_at
+            if relayed.usage is not None:
+                ticket.usage = relayed.usage
+            else:  # cut short, or the engine did not say in time: what was relayed, no more
+                infer(ticket, relayed.answer_tokens, ending.outcome)
         ttft, tpot = engine_latencies(ticket)
-        answered = ticket.usage is not None and ticket.usage_inferred is None and ticket.outcome == Outcome.OK
+        answered = ticket.usage is not None and ticket.usage_inferred is None and ending.outcome == Outcome.OK
         if answered and ticket.voice is None:
             _pace(lease.backend, ticket)
         if answered and ticket.usage is not None:
@@ -260,8 +338,8 @@ class CompletionEndpoint:
             )
             if ticket.usage.cached_tokens is not None:
                 lease.backend.prefix.reported(ticket.usage.prompt_tokens, ticket.usage.cached_tokens)
-        left = ticket.outcome in (Outcome.PENDING, Outcome.TIMEOUT)
-        ended = Outcome.OVERLOADED if ticket.backend_overloaded else ticket.outcome  # a drop for the limit
+        left = ending.outcome in (Outcome.PENDING, Outcome.TIMEOUT)
+        ended = Outcome.OVERLOADED if ending.overloaded else ending.outcome  # a drop for the limit
         if ticket.first_audio_at is not None and ticket.dispatched_at is not None:
             audio = ticket.first_audio_at - ticket.dispatched_at, ticket.audio_seconds, ticket.rtf
             lease.backend.audio.add(*audio)
@@ -365,13 +443,14 @@ class CompletionEndpoint:
                         ticket.backend,
                     )
                     continue
-                ticket.outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
+                outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
                 if isinstance(e, UpstreamTimeout):  # the gateway gave up: charged as a client that left
                     if kept:
                         await self._end_unopened(ticket, owner, backend, *kept.pop())
                     delay = owner.config.abort_delay_s
-                    left_waiting(ticket, backend.progress, self.gw.clock(), owner.kind.runs_on(ticket), delay)
-                raise verdict.error from None
+                    runs_on = owner.kind.runs_on(ticket)
+                    left_waiting(ticket, backend.progress, self.gw.clock(), runs_on, delay, outcome)
+                raise Unanswered(verdict.error, outcome) from None
             except BaseException as e:
                 if isinstance(e, asyncio.CancelledError):  # the client left before the first byte
                     if kept:
@@ -430,37 +509,35 @@ class CompletionEndpoint:
         elif relay.usage is not None:
             ticket.usage = reported_usage(relay.usage)
 
-    def _failed(self, ticket: Ticket, pool: Pool, lease: Lease, e: UpstreamError) -> ApiError:
+    def _failed(self, ticket: Ticket, pool: Pool, lease: Lease, e: UpstreamError) -> Ending:
         """A relay that ended without its answer: the outcome and the circuit as the backend's kind judges
         it (a server that cuts a failed request's stream counts against the request, not itself), and the
         error the client's stream ends with."""
         owner = self.gw.pools[lease.backend.pool]
         verdict = owner.kind.judge(e, lease.backend)
         if isinstance(e, UpstreamTimeout):
-            ticket.outcome = Outcome.TIMEOUT
+            outcome = Outcome.TIMEOUT
         else:
-            ticket.outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
-        ticket.error, ticket.error_status = verdict.error.message, verdict.error.status
+            outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
         metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", e.label).inc()
         if verdict.backend_fault:  # it answered first: that success becomes this one failure
             owner.record_failure(lease.backend, ticket.dispatched_at, answered=True)
-        return verdict.error
+        return Ending(outcome, verdict.error.message, verdict.error.status)
 
-    def _error_event(self, ticket: Ticket, pool: Pool, lease: Lease, error: dict[str, Any]) -> None:
+    def _error_event(self, ticket: Ticket, pool: Pool, lease: Lease, error: dict[str, Any]) -> Ending:
         """A stream the backend ended with its own error event (relayed as it came): the outcome as its kind
         reads it — its overload (a drop for the limit, counted, never the client's fault), the request's own
         fault, or the backend's failure (its circuit counts it)."""
         owner = self.gw.pools[lease.backend.pool]
         verdict = owner.kind.judge_event(error, lease.backend)
-        ticket.outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
-        ticket.error, ticket.error_status = verdict.error.message, verdict.error.status
+        outcome = Outcome.CLIENT_ERROR if verdict.client_fault else Outcome.UPSTREAM_ERROR
         if verdict.overloaded:
-            ticket.backend_overloaded = True
-            ticket.error_code = ErrorCode.BACKEND_OVERLOADED
             metrics.BACKEND_OVERLOADS.labels(owner.name, lease.backend.name, "mid_stream").inc()
         elif verdict.backend_fault:
             owner.record_failure(lease.backend, ticket.dispatched_at, answered=True)
         metrics.UPSTREAM_ERRORS.labels(pool.name, ticket.backend or "", "error_event").inc()
+        code = ErrorCode.BACKEND_OVERLOADED if verdict.overloaded else None
+        return Ending(outcome, verdict.error.message, verdict.error.status, code, verdict.overloaded)
 
     async def _relay_audio(
         self,
@@ -471,6 +548,7 @@ class CompletionEndpoint:
         upstream: OpenUpstream,
         deadlines: Deadlines,
         pcm: PcmFormat | None,
+        hand: Callable[[Relayed], None],
     ) -> None:
         """A raw audio stream (sglang-omni's `audio/pcm`) relayed byte for byte under its own content type
         and format headers, measured from its bytes: time to first audio, audio seconds, real-time factor.
@@ -489,6 +567,7 @@ class CompletionEndpoint:
         clock = self.gw.clock
         progress = lease.backend.progress
         owner = self.gw.pools[lease.backend.pool]
+        ending, usage = Ending(), None
         try:
             with upstream.guard(deadlines) as dog:
                 meter.add(clock(), pcm.seconds(len(upstream.first)) if pcm else 0.0)
@@ -501,38 +580,37 @@ class CompletionEndpoint:
                     meter.add(now, pcm.seconds(len(chunk)) if pcm else 0.0)
                     await ex.send({"type": "http.response.body", "body": chunk, "more_body": True})
                     dog.reading()
-            ticket.outcome = Outcome.OK
+            ending = _ANSWERED
             await ex.finish(b"")
             used = await owner.stream_usage(lease.backend, up)
             if used is not None:
-                ticket.usage = Usage(*used)
-        except UpstreamError as e:
-            self._failed(ticket, pool, lease, e)  # the response stays unfinished: the client sees the drop
+                usage = Usage(*used)
+        except UpstreamError as e:  # the response stays unfinished: the client sees the drop
+            ending = self._failed(ticket, pool, lease, e)
         finally:
-            ticket.first_token_at, ticket.last_token_at = meter.first_at, meter.last_at
-            ticket.first_audio_at, ticket.audio_seconds = meter.first_at, meter.seconds
-            ticket.rtf, ticket.audio_stalls = meter.rtf, meter.stalls
-            ticket.finished_at = clock()
-            if ticket.usage is None:
-                infer(ticket, 0)  # no usage told: the estimate's prompt, no text answer
+            # no usage told: the estimate's prompt is charged, and no text answer
+            hand(_metered(ending, usage, 0, meter, meter.first_at, meter.last_at, clock()))
 
     def _response_headers(self, ticket: Ticket) -> list[tuple[bytes, bytes]]:
         return [(k.encode(), v.encode()) for k, v in client_headers(ticket).items()]
 
-    async def _send_whole(self, ex: Exchange, ticket: Ticket, upstream: OpenUpstream) -> None:
+    async def _send_whole(
+        self, ex: Exchange, ticket: Ticket, upstream: OpenUpstream, hand: Callable[[Relayed], None]
+    ) -> None:
+        """A whole answer, sent as it came; its usage from the body (or the speech server's headers), else
+        the tokens of its text."""
         body = upstream.first
         now = self.gw.clock()
-        ticket.first_token_at = ticket.finished_at = now
-        ticket.outcome = Outcome.OK
+        usage, answer_tokens, audio_seconds = None, 0, 0.0
         headers = client_headers(ticket)
         media_type = upstream.response.headers.get("content-type", "application/json")
         if ticket.endpoint == "speech":  # raw audio bytes; the server's token counts in its headers
             up = upstream.response.headers
             headers.update({k: up[k] for k in (*SPEECH_HEADERS, *SPEECH_FORMAT_HEADERS) if k in up})
-            ticket.usage = Usage(_int(up.get("x-prompt-tokens")), _int(up.get("x-completion-tokens")))
-            ticket.audio_seconds = speech_seconds(body, up.get("x-sample-rate"))
+            usage = Usage(_int(up.get("x-prompt-tokens")), _int(up.get("x-completion-tokens")))
+            audio_seconds = speech_seconds(body, up.get("x-sample-rate"))
             if media_type.startswith("application/json"):  # not audio after all: counted as none
-                ticket.audio_seconds = 0.0
+                audio_seconds = 0.0
         else:
             media_type = "application/json"
             try:
@@ -541,13 +619,23 @@ class CompletionEndpoint:
             except orjson.JSONDecodeError:
                 answer, seconds = None, None
             usage = answer.get("usage") if isinstance(answer, dict) else None
-            if isinstance(usage, dict):
-                ticket.usage = reported_usage(usage)
+            told = answer.get("usage") if isinstance(answer, dict) else None
+            if isinstance(told, dict):
+                usage = reported_usage(told)
             else:
-                infer(ticket, whole_answer_tokens(answer, self.gw.estimator.count_text))
-            ticket.audio_seconds = seconds or 0.0
-        if ticket.audio_seconds:
-            ticket.first_audio_at = now
+                answer_tokens = whole_answer_tokens(answer, self.gw.estimator.count_text)
+            audio_seconds = seconds or 0.0
+        hand(
+            Relayed(
+                _ANSWERED,
+                usage,
+                answer_tokens,
+                first_token_at=now,
+                first_audio_at=now if audio_seconds else None,
+                audio_seconds=audio_seconds,
+                finished_at=now,
+            )
+        )
         ex.started = ex.complete = True
         ex.status = 200
         await send_json(ex.send, 200, body, headers, media_type)
@@ -561,11 +649,14 @@ class CompletionEndpoint:
         upstream: OpenUpstream,
         strip_usage: bool,
         deadlines: Deadlines,
+        hand: Callable[[Relayed], None],
     ) -> None:
+        """A stream relayed event by event (or raw audio, `_relay_audio`); a stream the gateway leaves is
+        ended on the engine for the usage it closes with."""
         up = upstream.response.headers
         pcm = PcmFormat.of(up)
         if ticket.endpoint == "speech" and not up.get("content-type", "").startswith("text/event-stream"):
-            await self._relay_audio(ex, ticket, pool, lease, upstream, deadlines, pcm)
+            await self._relay_audio(ex, ticket, pool, lease, upstream, deadlines, pcm, hand)
             return
         pcm_rate = pcm.sample_rate if pcm else self.gw.estimator.profile(ticket.model).speech_sample_rate
         relay = SSERelay(strip_usage, self.gw.estimator.count_text, pcm_rate)
@@ -583,6 +674,7 @@ class CompletionEndpoint:
         )
         clock = self.gw.clock
         progress = lease.backend.progress
+        ending = Ending()
         try:
             with upstream.guard(deadlines) as dog:
                 out = relay.feed(upstream.first, clock())
@@ -599,32 +691,26 @@ class CompletionEndpoint:
                     dog.reading()
             tail = relay.flush()
             if relay.error:  # the server's own error event ends it (a speech stream's without [DONE])
-                self._error_event(ticket, pool, lease, relay.error)
+                ending = self._error_event(ticket, pool, lease, relay.error)
             elif not relay.done:
-                cut = self._failed(
+                ending = self._failed(
                     ticket, pool, lease, TruncatedStream("Backend closed the stream before it finished.")
                 )
-                tail += error_event(cut.message, cut.status)
+                tail += _cut_event(ending)
             else:
-                ticket.outcome = Outcome.OK
+                ending = _ANSWERED
             await ex.finish(tail)
         except UpstreamError as e:
-            cut = self._failed(ticket, pool, lease, e)
-            await ex.finish(relay.flush() + error_event(cut.message, cut.status))
+            ending = self._failed(ticket, pool, lease, e)
+            await ex.finish(relay.flush() + _cut_event(ending))
         finally:
             owner = self.gw.pools[lease.backend.pool]
-            left = ex.disconnected or ticket.outcome == Outcome.TIMEOUT
+            left = ex.disconnected or ending.outcome == Outcome.TIMEOUT
             if left and relay.usage is None and not relay.done and ticket.engine_rid is not None:
                 got: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
                 got.set_result(upstream.response)
                 await read_to_usage(owner, lease.backend.url, ticket.engine_rid, got, relay, clock)
-            ticket.first_token_at = relay.first_token_at
-            ticket.last_token_at = relay.last_token_at
-            meter = relay.audio
-            ticket.first_audio_at, ticket.audio_seconds = meter.first_at, meter.seconds
-            ticket.rtf, ticket.audio_stalls = meter.rtf, meter.stalls
-            ticket.finished_at = self.gw.clock()
-            if relay.usage is not None:
-                ticket.usage = reported_usage(relay.usage)
-            else:  # cut short, or the engine did not say in time: what was relayed, no more
-                infer(ticket, relay.answer_tokens())
+            usage = None if relay.usage is None else reported_usage(relay.usage)
+            answer = relay.answer_tokens() if usage is None else 0
+            first, last = relay.first_token_at, relay.last_token_at
+            hand(_metered(ending, usage, answer, relay.audio, first, last, self.gw.clock()))

@@ -1,6 +1,10 @@
 """The Ticket: the one record a request carries through every stage of the gateway.
 
-Stages read it; few write it. Times are monotonic seconds from the gateway's clock.
+Stages read it; few write it, each its own fields. What is settled once is a frozen part: the engine's
+`Usage`, its predicted `Prefill`, the relay's one result (`Relayed`: how it ended, what it delivered, the
+usage it saw, its timings — set by the pipeline at the attempt's end) and the request's `Ending` (set by
+the finish stage alone); the ticket reads their fields through properties. Times are monotonic seconds
+from the gateway's clock.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ class StreamSpeed(Protocol):
         """Audio seconds per wall second the stream gets now; None before it shows one."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Usage:
     """What the backend reported (or what we counted when a stream was cut short)."""
 
@@ -115,6 +119,38 @@ class PrefixKey:
         return self.ends[-1] if self.ends else 0
 
 
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How a request ended. PENDING: nothing judged it (the finish stage reads an answer sent as OK, one
+    whose client left as CANCELLED)."""
+
+    outcome: Outcome = Outcome.PENDING
+    error: str | None = None  # what went wrong with the answer, for the access log and failure alerts
+    error_status: int | None = None  # the failure's status when the client already got 200 (mid-stream)
+    error_code: str | None = None
+    overloaded: bool = False  # the backend refused it for load inside a started stream (a drop)
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """One relay's result: how it ended, the usage the engine told (None: it did not), the answer tokens
+    relayed (what an inferred charge counts), and its timings and audio on the gateway's clock."""
+
+    ending: Ending = field(default_factory=Ending)
+    usage: Usage | None = None
+    answer_tokens: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    first_audio_at: float | None = None
+    audio_seconds: float = 0.0
+    rtf: float | None = None
+    audio_stalls: int = 0
+    finished_at: float | None = None
+
+
+_NOT_RELAYED = Relayed()
+
+
 @dataclass(slots=True)
 class Ticket:
     id: str
@@ -135,12 +171,7 @@ class Ticket:
     job_id: str | None = None
     backend: str | None = None
     dispatched_at: float | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    first_audio_at: float | None = None
-    audio_seconds: float = 0.0  # audio the answer delivered, read from its WAV headers
-    rtf: float | None = None  # a stream's real-time factor (gateway/speech/meter.py)
-    audio_stalls: int = 0
+    relayed: Relayed | None = None  # the relay's result (pipeline: the attempt's end); None: none ran
     speech: StreamSpeed | None = None  # while its answer streams: its meter (gateway/speech/meter.py)
     finished_at: float | None = None
     usage: Usage | None = None  # the engine's own count, else what gateway/tenants/charge.py infers
@@ -148,14 +179,57 @@ class Ticket:
     reached_engine: bool = False  # the last attempt may have run on the engine (it is charged)
     prefill: Prefill | None = None  # the engine's predicted prefill of the last attempt (progress.py)
     engine_rid: str | None = None  # the id the engine can end the last attempt by (its kind's `end`)
-    outcome: Outcome = Outcome.PENDING
-    error_code: str | None = None
-    error: str | None = None  # what went wrong, for the access log and failure alerts
-    error_status: int | None = None  # the failure's status when the client already got 200 (mid-stream)
-    backend_overloaded: bool = False  # the backend refused it for load inside a started stream (a drop)
+    ending: Ending = field(default_factory=Ending)  # how it ended (the finish stage); PENDING until then
     rate_limits: dict[str, str] | None = None  # the tenant's x-ratelimit-* headers after admission
     max_queued: int | None = None  # the tenant's requests that may wait in a pool's queue (its quota)
     predicted_first_token: float | None = None  # what admission judged its deadline by (QueueGuard.admit)
+
+    @property
+    def first_token_at(self) -> float | None:
+        return (self.relayed or _NOT_RELAYED).first_token_at
+
+    @property
+    def last_token_at(self) -> float | None:
+        return (self.relayed or _NOT_RELAYED).last_token_at
+
+    @property
+    def first_audio_at(self) -> float | None:
+        return (self.relayed or _NOT_RELAYED).first_audio_at
+
+    @property
+    def audio_seconds(self) -> float:
+        """Audio the answer delivered (read from its WAV headers or its stream)."""
+        return (self.relayed or _NOT_RELAYED).audio_seconds
+
+    @property
+    def rtf(self) -> float | None:
+        """A stream's real-time factor (gateway/speech/meter.py)."""
+        return (self.relayed or _NOT_RELAYED).rtf
+
+    @property
+    def audio_stalls(self) -> int:
+        return (self.relayed or _NOT_RELAYED).audio_stalls
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.ending.outcome
+
+    @property
+    def error(self) -> str | None:
+        """What went wrong, for the access log and failure alerts."""
+        return self.ending.error
+
+    @property
+    def error_status(self) -> int | None:
+        return self.ending.error_status
+
+    @property
+    def error_code(self) -> str | None:
+        return self.ending.error_code
+
+    @property
+    def backend_overloaded(self) -> bool:
+        return self.ending.overloaded
 
     @property
     def queue_seconds(self) -> float:

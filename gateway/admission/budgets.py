@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gateway.admission.blocks import Block
+from gateway.admission.decision import Decision
+from gateway.admission.families import Ask
 from gateway.admission.settings import PoolBudgets
 from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
@@ -70,6 +72,22 @@ def backend_load(backend: BackendState, limit: int, budgets: PoolBudgets) -> flo
     if backend.max_total_tokens:
         load = max(load, kv_occupied(backend) / (budgets.kv_watermark * backend.max_total_tokens))
     return load
+
+
+class Occupancy:
+    """A dispatch's hold on the backend's own accounting (a slot, its tokens, its KV, its bucket) and the
+    KV watermark it is judged by: a `Budget` (families.py)."""
+
+    lasting = True
+
+    def miss(self, ask: Ask, backend: BackendState, ctx: Decision) -> Block | None:
+        return kv_miss(ask.ticket, backend, ctx.budgets)
+
+    def commit(self, ask: Ask, backend: BackendState, ctx: Decision) -> None:
+        occupy(backend, ask.ticket)
+
+    def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:
+        vacate(backend, ticket)
 
 
 def occupy(backend: BackendState, ticket: Ticket) -> None:

@@ -9,16 +9,25 @@ of seconds the prompts sent just before it and those still queued at its end eve
 
 from __future__ import annotations
 
+from gateway.admission.decision import Decision
+from gateway.admission.families import Ask
+from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
 
 
 class PrefillSeen:
     """Per backend, the prompt tokens sent so far; per started request, that count and the time when
-    its first byte came."""
+    its first byte came. A `Tally` and a `FirstByte` listener (families.py)."""
 
     def __init__(self) -> None:
         self._sent: dict[str, int] = {}
         self._marks: dict[int, tuple[str, float, int]] = {}  # id(ticket) → (backend, first byte, sent)
+
+    def commit(self, ask: Ask, backend: BackendState, ctx: Decision) -> None:
+        self.sent(backend.url, ask.ticket.cost.prefill_tokens)
+
+    def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:
+        """Nothing held: what was sent stays sent; the share is read once at the end (`share`)."""
 
     def sent(self, url: str, prompt_tokens: int) -> None:
         self._sent[url] = self._sent.get(url, 0) + prompt_tokens

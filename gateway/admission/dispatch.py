@@ -1,19 +1,23 @@
 """Placement: which waiting request of a pool goes to which backend now, within every budget.
 
-The dispatcher composes the policy families, each in its own module, and asks each what it holds:
-- slots.py — concurrency: a slot under the backend's limit (limits.py), less the headroom its band and
+The dispatcher composes the policy families, each in its own module, through their contracts
+(families.py), in this declared order — the first budget a request misses is the reason it waits:
+- slots.py — concurrency: a slot under the backend's limit (limits/), less the headroom its band and
   its tenant must leave free;
+- stages.py — a staged backend's stage budgets (only for a staged kind);
 - rounds.py — the round's prefill budget per backend (fixed, or metered at the engine's measured pace);
 - shield.py — the prefill shield and duty spacing;
-- budgets.py — the KV watermark and the modality bucket caps;
-- standing.py — the rank a tenant under its share gets, and the engine priority that follows.
+- budgets.py — the KV watermark, and the dispatch's hold on the backend's accounting;
+then the tallies that never refuse: turnover.py (hold times) and decode_share.py (prefill seen while a
+request decodes). standing.py gives each request its rank and engine priority (`Ask`); the modality
+bucket caps and exclusions are the request's own constraints (budgets.own_backends).
 Every call gets the frozen `Decision` (decision.py) the scheduler built for it; the dispatcher's own
 state is only what its dispatches left behind (slots held, the round, prompts not started, turnover).
 
 Among backends that fit: the pool's placement rule (placement.py: by default where the first token is
 predicted soonest, the prefix each backend is expected to hold cached counted); the traffic the shield
 protects goes where the fewest prompt tokens wait for their prefill. Every prefill budget counts a prompt
-less the prefix its backend is expected to hold cached (gateway/backends/prefix_index.py).
+less the prefix its backend is expected to hold cached (gateway/backends/prefix_index.py, `Ask.prefill`).
 
 Head-of-line: a request that is out only because of its own constraints (its bucket is at cap on every
 backend, or it excludes the backends that have room) is skipped, so a multi_image at its cap never
@@ -27,79 +31,78 @@ smaller prompts pass it, the time is the engine's, not theirs to wait for.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable
 
 from gateway.admission.blocks import Block
-from gateway.admission.budgets import bucket_full, kv_miss, occupy, own_backends, vacate
+from gateway.admission.budgets import Occupancy, bucket_full, kv_miss, own_backends
 from gateway.admission.decision import Decision
 from gateway.admission.decode_share import PrefillSeen
+from gateway.admission.families import Ask, Budget, FirstByte, Tally
 from gateway.admission.placement import Placement
 from gateway.admission.queue import Entry
 from gateway.admission.rounds import Rounds
-from gateway.admission.settings import ShieldPolicy
+from gateway.admission.settings import PoolBudgets, ShieldPolicy
 from gateway.admission.shield import Shield
-from gateway.admission.slots import Holdings, slot_margin, slot_miss
+from gateway.admission.slots import Slots
 from gateway.admission.stages import StageBook
-from gateway.admission.standing import Standing
-from gateway.admission.turnover import SlotTurnover
+from gateway.admission.standing import RecentService, Standing
+from gateway.admission.turnover import Turnover
 from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
 
 
 class Dispatcher:
-    def __init__(self, engine_priorities: bool = False, stages: StageBook | None = None) -> None:
-        self.stages = stages  # per-stage budgets of a staged kind's backends (stages.py)
-        self.holdings = Holdings()
-        self.standing = Standing(self.holdings, engine_priorities)
-        self.rounds = Rounds()
-        self.shield = Shield()
-        self.turnover: dict[str, SlotTurnover] = {}
-        self.prefill_seen = PrefillSeen()  # what each request's decode shared with prefill (the duty)
-        self.placement = Placement()
+    def __init__(
+        self,
+        engine_priorities: bool = False,
+        stages: StageBook | None = None,
+        recent: RecentService | None = None,
+    ) -> None:
+        """`stages`: a staged kind's stage budgets; `recent`: the tenants' recent service, which the
+        scheduler charges (standing reads it)."""
+        self._stages = stages  # per-stage budgets of a staged kind's backends (stages.py)
+        self._slots = Slots(None if stages is None else stages.speaking)
+        recent = RecentService() if recent is None else recent
+        self._standing = Standing(self._slots.held, recent, engine_priorities)
+        self._rounds = Rounds()
+        self._shield = Shield()
+        self._turnover = Turnover()
+        self._prefill_seen = PrefillSeen()  # what each request's decode shared with prefill (the duty)
+        staged: tuple[StageBook, ...] = () if stages is None else (stages,)
+        self._budgets: tuple[Budget, ...] = (self._slots, *staged, self._rounds, self._shield, Occupancy())
+        self._lasting = tuple(b for b in self._budgets if b.lasting)
+        self._tallies: tuple[Tally, ...] = (*self._budgets, self._turnover, self._prefill_seen)
+        self._first_byte: tuple[FirstByte, ...] = (self._shield, self._prefill_seen, *staged)
+        self._placement = Placement()
+
+    # -- placement ---------------------------------------------------------------------------------
 
     def joins_round(self, entry: Entry, ctx: Decision) -> bool:
         """May `entry` go in the current round? Always, unless the round is grouped and it came late —
         then only above the round's bar: a higher band, or a tenant under its share where the round
         opened for or released only tenants at or over theirs."""
-        if not self.rounds.late(entry.enqueued_at):
+        if not self._rounds.late(entry.enqueued_at):
             return True
-        return self.standing.rank(entry.ticket, ctx) > self.rounds.bar
+        return self._standing.rank(entry.ticket, ctx) > self._rounds.bar
+
+    def ask(self, ticket: Ticket, ctx: Decision, *, loan: bool = False, new_round: bool = False) -> Ask:
+        """`ticket` as placement weighs it under `ctx`: its rank and engine priority as they stand now."""
+        rank = self._standing.rank(ticket, ctx)
+        prio = self._standing.engine_priority(ticket, ctx, rank)
+        return Ask(ticket, rank, prio, loan=loan, new_round=new_round)
 
     def shared_budget_miss(
-        self,
-        ticket: Ticket,
-        backend: BackendState,
-        ctx: Decision,
-        *,
-        metered: bool = True,
-        round_budget: bool = True,
-        loan: bool = False,
+        self, ask: Ask, backend: BackendState, ctx: Decision, *, metered: bool = True
     ) -> Block | None:
-        """The first shared budget `ticket` does not fit on `backend` (None: it fits): a slot
-        (concurrency, band reserve, tenant share), a stage, the round's prefill, the shield, its spacing,
-        the KV watermark. `metered=False` leaves out the round's prefill budget, the shield and the spacing,
-        which free themselves in time; `round_budget=False` the round's budget alone (a round opened now
-        has it unspent); `loan`: another pool's request, never spaced."""
-        limit = ctx.limits[backend.url]
-        if self.stages is not None:  # speaking requests hold the talker's places, not the thinker's slots
-            limit += self.stages.speaking(backend)
-        miss = slot_miss(ticket, backend, limit, ctx.rule, self.holdings)
-        if miss is None and self.stages is not None:
-            miss = self.stages.miss(ticket, backend)
-        if miss is not None:
-            return miss
-        if metered:
-            rank = self.standing.rank(ticket, ctx)
-            prio = self.standing.engine_priority(ticket, ctx, rank)
-            tokens = ticket.cost.prompt_tokens - backend.prefix.match(ticket.prefix)
-            url, shield = backend.url, ctx.budgets.shield
-            if round_budget and self.rounds.over_budget(url, prio, tokens, ctx.budgets):
-                return Block.ROUND_PREFILL
-            if self.shield.shielded(tokens, rank, url, shield, ctx.now):
-                return Block.PREFILL_SHIELD
-            if not loan and self.shield.spaced(tokens, rank, url, shield, ctx.now):
-                return Block.SHIELD_DUTY
-        return kv_miss(ticket, backend, ctx.budgets)
+        """The first shared budget `ask` does not fit on `backend`, in the families' declared order (None:
+        it fits). `metered=False` asks only the lasting ones (slots, stages, KV), not those that free
+        themselves in time (the round's prefill, the shield and its spacing)."""
+        for budget in self._budgets if metered else self._lasting:
+            miss = budget.miss(ask, backend, ctx)
+            if miss is not None:
+                return miss
+        return None
 
     def blocked_by(
         self,
@@ -115,6 +118,7 @@ class Dispatcher:
         what lasts — slots, KV, buckets — not the round, the shield or the spacing."""
         if not new_round and not self.joins_round(entry, ctx):
             return {"*": Block.ROUND_GROUP}
+        ask = self.ask(entry.ticket, ctx, new_round=new_round)
         out: dict[str, Block] = {}
         for b in backends:
             if not b.available:
@@ -123,11 +127,7 @@ class Dispatcher:
                 out[b.url] = Block.EXCLUDED
             elif bucket_full(entry.ticket, b, ctx.budgets):
                 out[b.url] = Block.BUCKET_CAP
-            elif (
-                miss := self.shared_budget_miss(
-                    entry.ticket, b, ctx, metered=metered, round_budget=not new_round
-                )
-            ) is not None:
+            elif (miss := self.shared_budget_miss(ask, b, ctx, metered=metered)) is not None:
                 out[b.url] = miss
         return out
 
@@ -136,7 +136,7 @@ class Dispatcher:
     ) -> tuple[Entry, BackendState] | None:
         """The first entry in `order` that fits somewhere, and where; None when nothing may go now.
         `loan`: `order` is another pool's request (not spaced). A refusal by the shield is remembered
-        (`shield.held`): a first byte may lift it."""
+        (`held`): a first byte may lift it."""
         usable = [b for b in backends if b.available]
         shield = ctx.budgets.shield
         for entry in order:
@@ -145,26 +145,26 @@ class Dispatcher:
             own = own_backends(entry.ticket, entry.exclude, usable, ctx.budgets)
             if not own:
                 continue
-            misses = [self.shared_budget_miss(entry.ticket, b, ctx, loan=loan) for b in own]
+            ask = self.ask(entry.ticket, ctx, loan=loan)
+            misses = [self.shared_budget_miss(ask, b, ctx) for b in own]
             if any(miss is not None and miss.shield for miss in misses):
-                self.shield.held = True
+                self._shield.held = True
             fitting = [b for b, miss in zip(own, misses, strict=True) if miss is None]
             if fitting:
-                rank = self.standing.rank(entry.ticket, ctx)
-                if shield.tokens is not None and self.shield.on_top(rank, shield, ctx.now):
+                if shield.tokens is not None and self._shield.on_top(ask.rank, shield, ctx.now):
                     # its prefill starts soonest where the fewest prompts wait for theirs
                     return entry, min(
                         fitting,
                         key=lambda b: (
-                            self.shield.unstarted(b.url, ctx.now),
+                            self._shield.unstarted(b.url, ctx.now),
                             b.outstanding_tokens,
                             b.active,
                             b.url,
                         ),
                     )
                 placement = ctx.budgets.placement
-                unstarted = functools.partial(self.shield.unstarted, now=ctx.now)
-                return entry, self.placement.choose(entry.ticket, fitting, placement, unstarted)
+                unstarted = functools.partial(self._shield.unstarted, now=ctx.now)
+                return entry, self._placement.choose(entry.ticket, fitting, placement, unstarted)
             if any(miss is not None and not miss.passable for miss in misses):
                 return None
         return None
@@ -181,7 +181,7 @@ class Dispatcher:
         """Seconds until a backend could take `entry` by every budget but the round's prefill budget
         (which frees itself within `round_s`), with `ahead` requests to be placed before it: 0.0 when the
         slots its rules leave free (over the backends it may use) cover them and it; else the releases
-        still lacking at the pool's turnover (`SlotTurnover`: each usable backend's running requests over
+        still lacking at the pool's turnover (`Turnover`: each usable backend's running requests over
         its mean hold time, the rates adding up — a backend marked unavailable adds nothing; with
         replicas, the peers' running requests count too while their releases are owed to this one);
         None when nothing can be predicted (KV full, no recent releases, own constraints, a speaking stage
@@ -193,18 +193,17 @@ class Dispatcher:
         usable = [b for b in backends if b.available]
         own = own_backends(entry.ticket, entry.exclude, usable, ctx.budgets)
         if (
-            self.stages is not None
+            self._stages is not None
             and own
-            and all((miss := self.stages.miss(entry.ticket, b)) is not None and miss.speaking for b in own)
+            and all((miss := self._stages.full(entry.ticket, b)) is not None and miss.speaking for b in own)
         ):
             return None  # it waits for a stream to end somewhere: no slot turnover predicts that
         for b in own:
             if kv_miss(entry.ticket, b, ctx.budgets) is not None:
                 continue
-            margins.append(slot_margin(entry.ticket, b, ctx.limits[b.url], ctx.rule, self.holdings))
-            turnover = self.turnover.get(b.url)
+            margins.append(self._slots.margin(entry.ticket, b, ctx))
             occupied = b.active + ctx.inbound.get(b.url, 0)  # peers' releases owed to this replica
-            rate += (turnover and turnover.rate(occupied, now, max_age_s)) or 0.0
+            rate += self._turnover.rate(b.url, occupied, now, max_age_s) or 0.0
         if not margins:
             return None
         free = sum(m for m in margins if m > 0)
@@ -213,54 +212,108 @@ class Dispatcher:
         lacking = ahead + 1 - free if free else ahead + min(1 - m for m in margins)
         return lacking / rate if rate > 0 else None
 
-    def commit(
-        self,
-        ticket: Ticket,
-        backend: BackendState,
-        ctx: Decision,
-        *,
-        loan: bool = False,
-        shield: ShieldPolicy | None = None,
-    ) -> int:
-        """Account a dispatch on the backend (`release` undoes exactly that) and in the round; returns its
-        engine priority. A loan (another pool's request on our backend) spends the round's prefill budget
-        but is not our traffic: it neither raises the round's bar nor counts as arrival pressure for the
-        window. `shield`: the request is subject to the shield family (shield.py). Its prompt's chunks
-        become the backend's most recent (the prefix index), and its budgets count the prompt less the
-        prefix found there."""
-        rank = self.standing.rank(ticket, ctx)  # as it stood when it was chosen
-        prio = self.standing.engine_priority(ticket, ctx, rank)
+    def commit(self, ticket: Ticket, backend: BackendState, ctx: Decision, *, loan: bool = False) -> int:
+        """Account a dispatch with every family (`release` undoes exactly that); returns its engine
+        priority. A loan (another pool's request on our backend) spends the round's prefill budget but is
+        not our traffic: it neither raises the round's bar nor counts as arrival pressure for the window,
+        is never spaced and never counts as a rank seen by the shield. Its prompt's chunks become the
+        backend's most recent (the prefix index), and the families count the prompt less the prefix found
+        there (`cost.prefill_tokens`)."""
+        ask = self.ask(ticket, ctx, loan=loan)  # as it stood when it was chosen
         ticket.cost.cached_tokens = cached = backend.prefix.match(ticket.prefix)
         if ticket.prefix is not None:
             capacity = ctx.budgets.placement.index_tokens or backend.max_total_tokens
             backend.prefix.sent(ticket.prefix, cached, capacity)
-            self.placement.placed(ticket, backend)
-        tokens = ticket.cost.prefill_tokens
-        self.shield.sent(
-            ticket,
-            rank,
-            backend.url,
-            shield=shield,
-            prefill_rate=ctx.prefill_rate,
-            now=ctx.now,
-            loan=loan,
-        )
-        self.holdings.add(backend.url, ticket)
-        self.turnover.setdefault(backend.url, SlotTurnover()).taken(id(ticket), ctx.now)
-        if self.stages is not None:
-            self.stages.commit(ticket, backend)
-        occupy(backend, ticket)
-        self.rounds.spend(backend.url, prio, tokens)
-        self.prefill_seen.sent(backend.url, tokens)
-        if not loan:
-            self.rounds.count(ticket.priority, rank, tokens)
-        return prio
+            self._placement.placed(ticket, backend)
+        for tally in self._tallies:
+            tally.commit(ask, backend, ctx)
+        return ask.engine_priority
 
     def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:
-        """Undo `commit` (on the pool that owns the backend, also for a loan) and time the freed slot."""
-        vacate(backend, ticket)
-        self.shield.started(backend.url, ticket)
-        if self.stages is not None:
-            self.stages.release(ticket, backend)
-        self.holdings.remove(backend.url, ticket)
-        self.turnover[backend.url].freed(id(ticket), now)
+        """Undo `commit` with every family (on the pool that owns the backend, also for a loan), and time
+        the freed slot."""
+        for tally in self._tallies:
+            tally.release(ticket, backend, now)
+
+    def started(self, ticket: Ticket, url: str, now: float) -> None:
+        """`ticket`'s first byte came from `url`: its prefill is done (every `FirstByte` family)."""
+        for family in self._first_byte:
+            family.started(ticket, url, now)
+
+    def decode_share(self, ticket: Ticket, now: float, rate: float) -> float | None:
+        """The share of `ticket`'s decode its engine spent on prefill (decode_share.py; once, at its end)."""
+        return self._prefill_seen.share(ticket, now, rate)
+
+    # -- rounds ------------------------------------------------------------------------------------
+
+    @property
+    def rounds(self) -> Rounds:
+        """The current round, to read (`/admin/state`); only the dispatcher's own methods change it."""
+        return self._rounds
+
+    def round_open(self, now: float, budgets: PoolBudgets) -> bool:
+        return self._rounds.is_open(now, budgets)
+
+    def open_round(
+        self,
+        now: float,
+        budgets: PoolBudgets | None = None,
+        *,
+        grouped: bool = False,
+        top_band: float = -math.inf,
+    ) -> None:
+        """Start a round (rounds.py: `Rounds.open`), carrying what the last one released beyond its budget."""
+        self._rounds.open(now, grouped=grouped, top_band=top_band, budgets=budgets)
+
+    def round_ends(self, budgets: PoolBudgets) -> float | None:
+        return self._rounds.ends(budgets)
+
+    def recent_prefill(self, now: float, budgets: PoolBudgets, min_band: float = -math.inf) -> int:
+        """Prefill tokens the current or just-ended round released at bands ≥ `min_band` (the load)."""
+        return self._rounds.recent_prefill(now, budgets, min_band)
+
+    # -- the shield --------------------------------------------------------------------------------
+
+    @property
+    def shield(self) -> Shield:
+        """The shield family's state, to read (`/admin/state`); only the dispatcher's methods change it."""
+        return self._shield
+
+    def begin_pass(self) -> None:
+        """A dispatch pass begins: forget that the last one was held by the shield."""
+        self._shield.rearm()
+
+    @property
+    def held(self) -> bool:
+        """A placement was refused by the shield family since the pass began: a first byte may lift it."""
+        return self._shield.held
+
+    def next_due(self, now: float) -> float:
+        """When a held placement may go with no first byte: a predicted prefill ends, a spaced turn comes."""
+        return self._shield.next_due(now)
+
+    def own_top(self, shield: ShieldPolicy, now: float) -> float | None:
+        """The top rank this pool dispatched within the shield's hold: what replicas tell each other."""
+        return self._shield.own_top(shield, now)
+
+    def above_peers(self, shield: ShieldPolicy, now: float) -> bool:
+        """Is this pool's top rank above the peers' last reported one (shield.py)?"""
+        return self._shield.above_peers(shield, now)
+
+    def peers(self, rank: float | None, until: float) -> None:
+        """The peers' top rank within their hold (None: none), counted as seen until `until`."""
+        self._shield.peers(rank, until)
+
+    # -- standing and slots ------------------------------------------------------------------------
+
+    def under_share(self, band: int, tenant: str, ctx: Decision) -> bool:
+        """Is `tenant` under its weighted fair share at `band` (standing.py)? The queue orders by it."""
+        return self._standing.under_share(band, tenant, ctx)
+
+    def seated(self) -> set[tuple[int, str]]:
+        """(band, tenant) of every slot held on the pool's backends."""
+        return self._slots.held.tenants()
+
+    def held_by_band(self, url: str) -> dict[int, int]:
+        """Slots on `url` per band."""
+        return dict(self._slots.held.by_band(url))

@@ -20,8 +20,14 @@ everything the round opened for or released (`bar`) joins at once, and raises th
 from __future__ import annotations
 
 import math
+from typing import Any
 
+from gateway.admission.blocks import Block
+from gateway.admission.decision import Decision
+from gateway.admission.families import Ask
 from gateway.admission.settings import PoolBudgets
+from gateway.backends.state import BackendState
+from gateway.ticket import Ticket
 
 
 def metered_tokens(budgets: PoolBudgets, rate: float) -> int | None:
@@ -66,7 +72,10 @@ class Metering(BudgetCopy):
 
 class Rounds:
     """The current round of one pool: when it opened, whether it is grouped, its bar, and the prefill it
-    released per backend and engine priority (and per band, for the window's load)."""
+    released per backend and engine priority (and per band, for the window's load). The round's prefill
+    family, a `Budget` (families.py) that frees itself: the next round has its budget unspent."""
+
+    lasting = False
 
     def __init__(self) -> None:
         self.started: float | None = None
@@ -132,6 +141,16 @@ class Rounds:
                 left = max(0.0, left - levels[prio])
         return carried
 
+    def view(self, now: float, budgets: PoolBudgets) -> dict[str, Any]:
+        """The round as `/admin/state` shows it."""
+        return {
+            "open": self.is_open(now, budgets),
+            "grouped": self.grouped,
+            "age_s": None if self.started is None else now - self.started,
+            "bar_priority": self.bar if math.isfinite(self.bar) else None,
+            "dispatched_by_priority": {str(band): n for band, n in sorted(self.dispatched.items())},
+        }
+
     def released(self, url: str, min_priority: float = -math.inf) -> int:
         """Prefill tokens the round released (or carried) to `url` at engine priority ≥ `min_priority`."""
         return sum(n for prio, n in self.prefill.get(url, {}).items() if prio >= min_priority)
@@ -140,6 +159,25 @@ class Rounds:
         """Would `prompt_tokens` at `engine_priority` exceed the round's budget on `url` (never alone)?"""
         released = self.released(url, engine_priority)
         return bool(released) and released + prompt_tokens > budgets.prefill_tokens_per_round
+
+    def miss(self, ask: Ask, backend: BackendState, ctx: Decision) -> Block | None:
+        """The round's prefill budget on `backend` at the request's engine priority (a round opened now,
+        `ask.new_round`, has it unspent)."""
+        tokens = ask.prefill(backend)
+        if not ask.new_round and self.over_budget(backend.url, ask.engine_priority, tokens, ctx.budgets):
+            return Block.ROUND_PREFILL
+        return None
+
+    def commit(self, ask: Ask, backend: BackendState, ctx: Decision) -> None:
+        """A dispatch spends the round's budget; only the pool's own (not a loan) raises its bar and counts
+        as its band's load."""
+        tokens = ask.ticket.cost.prefill_tokens
+        self.spend(backend.url, ask.engine_priority, tokens)
+        if not ask.loan:
+            self.count(ask.ticket.priority, ask.rank, tokens)
+
+    def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:
+        """Nothing to give back: what a round released is spent, and the next round starts afresh."""
 
     def spend(self, url: str, engine_priority: int, prompt_tokens: int) -> None:
         """A dispatch to `url` (also a loan: it spends the lender's budget)."""

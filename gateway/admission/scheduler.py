@@ -20,7 +20,7 @@ import anyio
 
 from gateway.admission.blocks import Block
 from gateway.admission.budgets import backend_load, full_buckets
-from gateway.admission.decision import Decision
+from gateway.admission.decision import Decision, SlotRule
 from gateway.admission.dispatch import Dispatcher
 from gateway.admission.fairness import VirtualTokenCounters, token_charge
 from gateway.admission.lease import DROP_OUTCOMES, Lease, Waiter
@@ -29,10 +29,10 @@ from gateway.admission.limits import Limit, Sample, latency_ratio, make_limit, t
 from gateway.admission.queue import Entry, SLOQueue, effective_deadline
 from gateway.admission.rounds import BudgetCopy, Metering
 from gateway.admission.settings import AdmissionSettings, PoolBudgets
-from gateway.admission.shares import ReplicaShares
+from gateway.admission.shares import Fairness, ReplicaShares
 from gateway.admission.shedding import PrefillRate, QueueGuard, SlotWait, displaced_error
-from gateway.admission.slots import SlotRule
 from gateway.admission.stages import StageBook
+from gateway.admission.standing import RecentService
 from gateway.admission.state import PoolView, pool_snapshot
 from gateway.admission.turnover import capacity_lost
 from gateway.admission.window import QueueLoad, hold, under_load
@@ -64,7 +64,9 @@ class PoolScheduler:
         self.weight_of = weight_of
         current = settings()
         self.counters = VirtualTokenCounters()
-        self.dispatcher = Dispatcher(engine_priorities, stages)
+        self.recent = RecentService()  # the tenants' decayed service: their standing (standing.py)
+        self.stages = stages  # a staged kind's stage budgets, which the dispatcher places by
+        self.dispatcher = Dispatcher(engine_priorities, stages, self.recent)
         self.queue = SLOQueue(self.counters, standing=self._under_share)
         self.rate = PrefillRate(current.queue)
         lost = functools.partial(capacity_lost, pool, backends)
@@ -147,15 +149,15 @@ class PoolScheduler:
             cost.prompt_tokens, cost.expected_output_tokens, weight, fair.input_weight, fair.output_weight
         )
         deadline = effective_deadline(ticket, slo)
-        if self.dispatcher.stages is not None:  # speech must leave the queue in time for its first audio
-            deadline -= self.dispatcher.stages.first_audio_lag(ticket)
+        if self.stages is not None:  # speech must leave the queue in time for its first audio
+            deadline -= self.stages.first_audio_lag(ticket)
         usable = (b for b in self.backends if b.url not in excluded)
         cached = max((b.prefix.match(ticket.prefix) for b in usable), default=0)  # where it will likely go
         entry = Entry(
             ticket, slo, deadline, weight, now, charge, exclude=excluded, requeued=requeued, cached=cached
         )
         self.rate.configure(settings.queue)
-        victim = self.guard.admit(entry, now, self._capacity(), self._full_buckets(settings))
+        victim = self.guard.admit(entry, now, self.capacity(), self._full_buckets(settings))
         waiter = self._waiters[entry] = Waiter(anyio.Event())
         if victim is not None:
             self._fail(victim, displaced_error())
@@ -198,13 +200,13 @@ class PoolScheduler:
         idle = [
             b for b in self.backends if backend_load(b, ctx.limits[b.url], budgets) < budgets.lend.max_load
         ]
-        if not self.dispatcher.rounds.is_open(now, budgets):
-            self.dispatcher.rounds.open(now, budgets=budgets)
+        if not self.dispatcher.round_open(now, budgets):
+            self.dispatcher.open_round(now, budgets)
         placed = self.dispatcher.place([entry], idle, ctx, loan=True)
         if placed is None:
             return None
         backend = placed[1]
-        return backend, self.dispatcher.commit(entry.ticket, backend, ctx, loan=True, shield=budgets.shield)
+        return backend, self.dispatcher.commit(entry.ticket, backend, ctx, loan=True)
 
     def on_loan(self, lease: Lease) -> None:
         """A borrower's lease on one of our backends (from `lend`) began."""
@@ -218,11 +220,8 @@ class PoolScheduler:
     def prefill_started(self, lease: Lease) -> None:
         """A lease on our backends (ours or a loan) saw its first byte: its prefill no longer waits in
         the engine, and a placement the shield held may go now."""
-        self.dispatcher.shield.started(lease.backend.url, lease.ticket)
-        self.dispatcher.prefill_seen.started(lease.ticket, lease.backend.url, self.clock())
-        if self.dispatcher.stages is not None:
-            self.dispatcher.stages.started(lease.ticket, lease.backend.url)
-        if self.dispatcher.shield.held and self.queue:
+        self.dispatcher.started(lease.ticket, lease.backend.url, self.clock())
+        if self.dispatcher.held and self.queue:
             self.pump()  # only then: a pump on every first byte would move rounds and windows
 
     def settle(
@@ -242,7 +241,7 @@ class PoolScheduler:
         if outcome == Outcome.OK and ttft_s is not None:
             self.observe_prefill(prompt, ttft_s)
         now = self.clock()
-        share = self.dispatcher.prefill_seen.share(ticket, now, self.rate.at(now))
+        share = self.dispatcher.decode_share(ticket, now, self.rate.at(now))
         limit = self.limits.get(backend.url)
         if limit is not None and (outcome == Outcome.OK or outcome in DROP_OUTCOMES):
             shared = None if entry.slo.tpot_p99_s is not None else self._batch_tpot_target(backend)
@@ -258,23 +257,23 @@ class PoolScheduler:
         self.rate.configure(settings.queue)
         if self.queue and now >= self._next_sweep:
             swept = self.guard.sweep(
-                now, self._capacity(), self._sweep_slot_wait(settings), self._full_buckets(settings)
+                now, self.capacity(), self._sweep_slot_wait(settings), self._full_buckets(settings)
             )
             for entry, err in swept:
                 self._fail(entry, err)
             self._next_sweep = now + settings.queue.recheck_interval_s
-            self.dispatcher.standing.recent.forget(now, settings.fairness.share_window_s)
-        shield = self.dispatcher.shield
-        shield.rearm()
+            self.recent.forget(now, settings.fairness.share_window_s)
+        dispatcher = self.dispatcher
+        dispatcher.begin_pass()
         if not self.queue:  # nothing to place: the limits follow the policy, the rest waits for a pass
             self._sync_limits(settings)  # that has something to decide
             self.window_s = 0.0
             return
         ctx = self.decision(settings)
-        budgets, rounds = ctx.budgets, self.dispatcher.rounds
+        budgets = ctx.budgets
         wake = math.inf
         while self.queue:
-            if not rounds.is_open(now, budgets):
+            if not dispatcher.round_open(now, budgets):
                 load = self.window_load(now, budgets)
                 self.window_s = hold(self.pool, load, settings.window)
                 opens = load.oldest_enqueued_at + self.window_s
@@ -282,19 +281,19 @@ class PoolScheduler:
                     wake = opens
                     break
                 grouped = under_load(self.pool_level(now, budgets), settings.window)
-                rounds.open(now, grouped=grouped, top_band=load.band, budgets=budgets)
-            placed = self.dispatcher.place(self.queue.ordered(), self.backends, ctx)
+                dispatcher.open_round(now, budgets, grouped=grouped, top_band=load.band)
+            placed = dispatcher.place(self.queue.ordered(), self.backends, ctx)
             if placed is not None:
                 entry, backend = placed
-                prio = self.dispatcher.commit(entry.ticket, backend, ctx, shield=budgets.shield)
+                prio = dispatcher.commit(entry.ticket, backend, ctx)
                 self._dispatch(entry, backend, now, prio, loan=False)
                 continue
             borrowed = self._borrow(now, ctx)
             if borrowed is None:
-                ends = rounds.ends(budgets)
+                ends = dispatcher.round_ends(budgets)
                 wake = math.inf if ends is None else ends
-                if shield.held:  # a whole request's predicted prefill ends then
-                    wake = min(wake, shield.next_due(ctx.now))
+                if dispatcher.held:  # a whole request's predicted prefill ends then
+                    wake = min(wake, dispatcher.next_due(ctx.now))
                 break
             entry, backend, prio = borrowed
             self._dispatch(entry, backend, now, prio, loan=True)
@@ -364,7 +363,7 @@ class PoolScheduler:
         return QueueLoad(
             band=band,
             band_prefill_tokens=self.queue.prefill_tokens(band),
-            recent_prefill_tokens=self.dispatcher.rounds.recent_prefill(now, budgets, band),
+            recent_prefill_tokens=self.dispatcher.recent_prefill(now, budgets, band),
             prefill_tokens=self.queue.prefill_tokens(),
             oldest_enqueued_at=oldest.enqueued_at,
             oldest_slack_s=slack,
@@ -373,7 +372,7 @@ class PoolScheduler:
 
     def pool_level(self, now: float, budgets: PoolBudgets) -> float:
         """Prefill load of the whole pool (every band): a round opened above light load is grouped."""
-        demand = self.dispatcher.rounds.recent_prefill(now, budgets) + self.queue.prefill_tokens()
+        demand = self.dispatcher.recent_prefill(now, budgets) + self.queue.prefill_tokens()
         return demand / self._round_tokens(budgets)
 
     def decision(self, settings: AdmissionSettings, candidate: tuple[int, str] | None = None) -> Decision:
@@ -400,7 +399,7 @@ class PoolScheduler:
         inbound: dict[str, int] = {}
         if self.shares is not None:  # replicas share the engines: dispatch within this one's share
             fraction = self.shares.fraction([b.url for b in self.backends], limits)
-            if self.dispatcher.shield.above_peers(budgets.shield, now):
+            if self.dispatcher.above_peers(budgets.shield, now):
                 fraction = 1.0  # the engine runs our prompts before any peer's: meter as one replica
             tokens = max(1, int(budgets.prefill_tokens_per_round * fraction))
             budgets = self._shared_budgets.with_tokens(budgets, tokens, keep=keep)
@@ -431,7 +430,7 @@ class PoolScheduler:
         """What holds the head request: in a round, its budgets; between rounds the window, if it still
         holds, else the budgets a round opened now would check."""
         budgets = ctx.budgets
-        if self.dispatcher.rounds.is_open(now, budgets):
+        if self.dispatcher.round_open(now, budgets):
             return self.dispatcher.blocked_by(head, self.backends, ctx)
         load = self.window_load(now, budgets)
         if load.oldest_enqueued_at + hold(self.pool, load, settings.window) > now:
@@ -441,7 +440,7 @@ class PoolScheduler:
     def _under_share(self, band: int, tenant: str) -> bool:
         """The queue's standing of a tenant, judged by the last decision (none yet: nobody is under)."""
         ctx = self._ctx
-        return ctx is not None and self.dispatcher.standing.under_share(band, tenant, ctx)
+        return ctx is not None and self.dispatcher.under_share(band, tenant, ctx)
 
     def _over_max_queued(self, ticket: Ticket) -> bool:
         """The tenant's `max_queued` quota: more of its requests would wait here than it allows."""
@@ -459,7 +458,7 @@ class PoolScheduler:
     def _full_buckets(self, settings: AdmissionSettings) -> frozenset[str]:
         return full_buckets(self.backends, settings.budgets.for_pool(self.pool))
 
-    def _capacity(self) -> float:
+    def capacity(self) -> float:
         """The available backends this pool's queue drains into: all of them, or this replica's part of
         them (its shares) when replicas share the engines — each queue then predicts at its own pace —
         times the prefill duty under adaptive metering (the rounds send prompts at that share of the rate)."""
@@ -478,11 +477,44 @@ class PoolScheduler:
         reserve = rule.band_reserve(-math.inf, limit)
         return (reserve, int(rule.top_band)) if reserve > 0 else (0, 0)
 
+    # -- the replicas' side (shares.SharedPool) ---------------------------------------------------
+
+    def share(self, shares: ReplicaShares) -> None:
+        """Replicas share the engines: dispatch within `shares`, and keep the fairness changes."""
+        self.shares = shares
+        self.counters.share()
+        self.recent.share()
+
+    def local_limit(self, url: str) -> int:
+        return self.limits[url].limit
+
+    def demand(self, url: str) -> dict[int, int]:
+        demand = self.queue.depth_by_band()
+        for band, n in self.dispatcher.held_by_band(url).items():
+            demand[band] = demand.get(band, 0) + n
+        return demand
+
+    def peers_shield(self, rank: float | None, until: float) -> None:
+        self.dispatcher.peers(rank, until)
+
+    def take_fairness(self) -> Fairness:
+        now, window_s = self.clock(), self.settings().fairness.share_window_s
+        recent = self.recent.take_pending(now, window_s)
+        return Fairness(self.counters.take_pending(), recent, now, window_s)
+
+    def restore_fairness(self, taken: Fairness) -> None:
+        self.counters.restore(taken.counters)
+        self.recent.restore(taken.recent, taken.now, taken.window_s)
+
+    def merge_fairness(self, taken: Fairness, counters: dict[str, float], recent: dict[str, float]) -> None:
+        self.counters.merge(counters)
+        self.recent.merge(recent, self.clock(), taken.window_s)
+
     def shield_top(self) -> float | None:
         """The top rank this pool dispatched within the shield's hold (None: none): what replicas sharing
         the engines tell each other (shield.py)."""
         shield = self.settings().budgets.for_pool(self.pool).shield
-        return self.dispatcher.shield.own_top(shield, self.clock())
+        return self.dispatcher.own_top(shield, self.clock())
 
     def _round_tokens(self, budgets: PoolBudgets) -> int:
         return budgets.prefill_tokens_per_round * max(1, self._available())
@@ -516,7 +548,7 @@ class PoolScheduler:
         tenant_fraction = settings.fairness.reserve_fraction
         present: dict[int, dict[str, float]] = {}
         if tenant_fraction > 0:
-            seats = self.queue.tenants() | self.dispatcher.holdings.tenants()
+            seats = self.queue.tenants() | self.dispatcher.seated()
             if candidate is not None:
                 seats.add(candidate)
             for band, tenant in seats:
@@ -600,9 +632,7 @@ class PoolScheduler:
         ticket = entry.ticket
         self.counters.served(ticket.tenant)
         self.counters.charge(ticket.tenant, entry.charge)
-        self.dispatcher.standing.recent.charge(ticket.tenant, entry.charge, now, self._ctx.share_window_s)
-        ticket.backend = backend.url
-        ticket.dispatched_at = now
+        self.recent.charge(ticket.tenant, entry.charge, now, self._ctx.share_window_s)
         lease = Lease(entry, backend, entry.charge, loan, self._release, engine_priority, self._started)
         lease.dispatched_at = now
         self._leases.add(lease)
@@ -650,7 +680,7 @@ class PoolScheduler:
                 fair.output_weight,
             )
             self.counters.charge(ticket.tenant, actual - lease.charged)
-            self.dispatcher.standing.recent.charge(
+            self.recent.charge(
                 ticket.tenant,
                 actual - lease.charged,
                 self.clock(),

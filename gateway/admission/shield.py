@@ -28,7 +28,11 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from gateway.admission.blocks import Block
+from gateway.admission.decision import Decision
+from gateway.admission.families import Ask
 from gateway.admission.settings import ShieldPolicy
+from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
 
 """The placement refusals a first byte or a predicted prefill end may lift."""
@@ -44,7 +48,10 @@ class Pending(NamedTuple):
 
 
 class Shield:
-    """The prompts not yet started per backend, the ranks recently dispatched, and the spaced turns."""
+    """The prompts not yet started per backend, the ranks recently dispatched, and the spaced turns: a
+    `Budget` and a `FirstByte` listener (families.py) that frees itself as prefills start and time passes."""
+
+    lasting = False
 
     def __init__(self) -> None:
         # url → id(ticket) (client request ids may repeat) → its prompt not started there
@@ -54,6 +61,30 @@ class Shield:
         self.spacing: dict[str, dict[int, float]] = {}
         self.held = False  # a placement was refused by the shield since `rearm` (a first byte may free it)
         self.peer_top: tuple[float, float] = (-math.inf, -math.inf)  # (the peers' top rank, good until)
+
+    def miss(self, ask: Ask, backend: BackendState, ctx: Decision) -> Block | None:
+        """The shield, then the spacing (a loan is never spaced)."""
+        tokens, url, shield = ask.prefill(backend), backend.url, ctx.budgets.shield
+        if self.shielded(tokens, ask.rank, url, shield, ctx.now):
+            return Block.PREFILL_SHIELD
+        if not ask.loan and self.spaced(tokens, ask.rank, url, shield, ctx.now):
+            return Block.SHIELD_DUTY
+        return None
+
+    def commit(self, ask: Ask, backend: BackendState, ctx: Decision) -> None:
+        self.sent(
+            ask.ticket,
+            ask.rank,
+            backend.url,
+            shield=ctx.budgets.shield,
+            prefill_rate=ctx.prefill_rate,
+            now=ctx.now,
+            loan=ask.loan,
+        )
+
+    def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:
+        """An ended request's prompt waits for no prefill any more."""
+        self.started(ticket, backend.url, now)
 
     def rearm(self) -> None:
         """A new dispatch pass begins: forget that the last one was held by the shield."""
@@ -122,7 +153,7 @@ class Shield:
         """Prompt tokens sent to `url` at a rank below `below` whose prefill has not started by `now`."""
         return sum(p.tokens for p in self.pending.get(url, {}).values() if p.rank < below and p.due > now)
 
-    def started(self, url: str, ticket: Ticket) -> None:
+    def started(self, ticket: Ticket, url: str, now: float) -> None:
         """`ticket`'s prefill on `url` is done (its first byte came): it no longer rides in a new batch."""
         self.pending.get(url, {}).pop(id(ticket), None)
 

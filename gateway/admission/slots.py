@@ -24,48 +24,15 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from gateway.admission.blocks import Block
+from gateway.admission.decision import Decision, SlotRule
+from gateway.admission.families import Ask
 from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
 
 K = TypeVar("K")
-
-
-@dataclass(frozen=True, slots=True)
-class SlotRule:
-    """The headroom rules of one decision (rebuilt by the scheduler from the policy on every pump).
-    `present` maps each band to the tenants waiting or running at it in the pool and their VTC weights;
-    `weight_of` weighs a tenant not (yet) among them. The default rule keeps no headroom."""
-
-    top_band: float = -math.inf
-    band_fraction: float = 0.0
-    tenant_fraction: float = 0.0
-    present: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
-    weight_of: Callable[[str], float] = lambda tenant: 1.0
-    weights: Mapping[int, float] = field(init=False, repr=False, compare=False)  # band → Σ present weights
-
-    def __post_init__(self) -> None:
-        # asked per tenant and backend on every placement: summed once per rule, not per question
-        object.__setattr__(self, "weights", {band: sum(t.values()) for band, t in self.present.items()})
-
-    def band_reserve(self, band: float, limit: int) -> int:
-        """Slots a request of `band` must leave free for the top band."""
-        if band >= self.top_band or self.band_fraction <= 0:
-            return 0
-        return min(limit - 1, math.ceil(self.band_fraction * limit))
-
-    def tenant_share(self, band: int, tenant: str) -> float:
-        """The tenant's weighted fair share of a backend's slots at `band`, 0..1."""
-        present = self.present.get(band, {})
-        total = self.weights.get(band, 0)
-        weight = present.get(tenant)
-        if weight is None:
-            weight = self.weight_of(tenant)
-            total += weight
-        return weight / total if total > 0 else 1.0
 
 
 class Holdings:
@@ -106,6 +73,34 @@ class Holdings:
     def tenants(self) -> set[tuple[int, str]]:
         """(band, tenant) of every slot held on the pool's backends."""
         return set(self._pool_tenants)
+
+
+class Slots:
+    """The concurrency family, a `Budget` (families.py): the slots each band and tenant holds per
+    backend, and the rules on who may take one. `places`: the talker places a staged backend's speaking
+    requests hold (stages.py), which its limit — the thinker's — does not count."""
+
+    lasting = True
+
+    def __init__(self, places: Callable[[BackendState], int] | None = None) -> None:
+        self.held = Holdings()
+        self._places = places
+
+    def miss(self, ask: Ask, backend: BackendState, ctx: Decision) -> Block | None:
+        limit = ctx.limits[backend.url]
+        if self._places is not None:
+            limit += self._places(backend)
+        return slot_miss(ask.ticket, backend, limit, ctx.rule, self.held)
+
+    def margin(self, ticket: Ticket, backend: BackendState, ctx: Decision) -> int:
+        """`slot_margin` under the backend's limit in `ctx`."""
+        return slot_margin(ticket, backend, ctx.limits[backend.url], ctx.rule, self.held)
+
+    def commit(self, ask: Ask, backend: BackendState, ctx: Decision) -> None:
+        self.held.add(backend.url, ask.ticket)
+
+    def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:
+        self.held.remove(backend.url, ticket)
 
 
 def slot_miss(

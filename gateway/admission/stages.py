@@ -1,8 +1,9 @@
 """Staged capacity: per backend, a budget per stage of its engine, and what each admitted request holds.
 
 A staged server (sglang-omni) runs a request through stages with their own limits (the backend's kind
-lists them: `BackendKind.capacity`, and which of them a request holds: `stages_of`). The dispatcher asks
-`StageBook.miss` before it places a request and tells it `commit`, `started` and `release`:
+lists them: `BackendKind.capacity`, and which of them a request holds: `stages_of`). `StageBook` is a
+`Budget` and a `FirstByte` listener (families.py): the dispatcher asks its `miss` before it places a
+request and tells it `commit`, `started` and `release`:
 
 - **requests** stages (thinker, talker): a request holds one place from dispatch to release. Budget: the
   server's cap (or the policy's), and for the talker an adaptive budget (below).
@@ -48,6 +49,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.admission.blocks import Block
+from gateway.admission.decision import Decision
+from gateway.admission.families import Ask
 from gateway.admission.settings import StagePolicy
 from gateway.backends.kinds.base import BackendKind, Stage, StageUnit
 from gateway.backends.state import BackendState
@@ -70,6 +73,8 @@ class _Backend:
 
 class StageBook:
     """The stage budgets of one pool's backends (one kind), and what the requests on them hold."""
+
+    lasting = True
 
     def __init__(
         self,
@@ -145,7 +150,10 @@ class StageBook:
         concurrency limit — the thinker's, adapted to the TPOT objective — counts the others only."""
         return round(self._book(backend.url).use.get("talker", 0.0))
 
-    def miss(self, ticket: Ticket, backend: BackendState) -> Block | None:
+    def miss(self, ask: Ask, backend: BackendState, ctx: Decision) -> Block | None:
+        return self.full(ask.ticket, backend)
+
+    def full(self, ticket: Ticket, backend: BackendState) -> Block | None:
         """The first stage `ticket` does not fit on `backend`, None when all fit. A stage
         with nothing held takes any request: the one that exceeds its budget alone still runs."""
         book = self._book(backend.url)
@@ -156,7 +164,8 @@ class StageBook:
                 return Block.stage(stage.name)
         return None
 
-    def commit(self, ticket: Ticket, backend: BackendState) -> None:
+    def commit(self, ask: Ask, backend: BackendState, ctx: Decision) -> None:
+        ticket = ask.ticket
         book = self._book(backend.url)
         holds = tuple((s.name, self._hold(ticket, s)) for s in self._stages(ticket, backend))
         for name, amount in holds:
@@ -167,16 +176,16 @@ class StageBook:
                 book.speakers[id(ticket)] = ticket
         book.held[id(ticket)] = holds
 
-    def started(self, ticket: Ticket, url: str) -> None:
+    def started(self, ticket: Ticket, url: str, now: float) -> None:
         """The first byte came: the request's media are encoded (it leaves the encoder's batch)."""
         book = self._book(url)
         items = book.encoding.pop(id(ticket), None)
         if items is not None:
             book.use["encoder"] = book.use.get("encoder", 0.0) - items
 
-    def release(self, ticket: Ticket, backend: BackendState) -> None:
+    def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:
         """Undo `commit`, and learn the speaking stages' budgets from the stream's real-time factor."""
-        self.started(ticket, backend.url)
+        self.started(ticket, backend.url, now)
         book = self._book(backend.url)
         holds = book.held.pop(id(ticket), ())
         if id(ticket) in book.speakers:

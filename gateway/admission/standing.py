@@ -101,10 +101,10 @@ class Standing:
     """Standing and rank of a pool's tenants, from the slots they hold (`holdings`, the dispatcher's) and
     the service they were recently given (`recent`, charged by the scheduler at dispatch and at the end)."""
 
-    def __init__(self, holdings: Holdings, engine_priorities: bool = False) -> None:
+    def __init__(self, holdings: Holdings, recent: RecentService, engine_priorities: bool = False) -> None:
         self.holdings = holdings
         self.engine_priorities = engine_priorities  # the engines serve waiting work by priority
-        self.recent = RecentService()
+        self.recent = recent
         self._totals: dict[int, tuple[float, float]] = {}  # band → RecentService.totals of its present
         self._totals_of: tuple[Decision, int] | None = None  # (decision, recent.version) they hold for
 

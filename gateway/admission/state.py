@@ -7,7 +7,6 @@ is what the next `pump()` would see and reading it changes nothing.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +46,6 @@ def pool_snapshot(v: PoolView) -> dict[str, Any]:
     """Queue per priority (depth, oldest wait), the head of the queue and what stops it per backend
     (a `Block`), the round, the window, per-backend budgets, and rejections by reason/class."""
     now, q, d, budgets = v.now, v.queue, v.dispatcher, v.ctx.budgets
-    rounds = d.rounds
     oldest = q.oldest()
     return {
         "pool": v.pool,
@@ -60,13 +58,7 @@ def pool_snapshot(v: PoolView) -> dict[str, Any]:
         "oldest_wait_s": 0.0 if oldest is None else now - oldest.enqueued_at,
         "head": _head(v),
         "window_s": v.window_s,
-        "round": {
-            "open": rounds.is_open(now, budgets),
-            "grouped": rounds.grouped,
-            "age_s": None if rounds.started is None else now - rounds.started,
-            "bar_priority": rounds.bar if math.isfinite(rounds.bar) else None,
-            "dispatched_by_priority": {str(band): n for band, n in sorted(rounds.dispatched.items())},
-        },
+        "round": d.rounds.view(now, budgets),
         "in_flight": v.in_flight,
         "borrowed_in_flight": v.borrowed,
         "lent_in_flight": v.lent,
@@ -86,7 +78,7 @@ def pool_snapshot(v: PoolView) -> dict[str, Any]:
                 "reserved_kv_tokens": b.reserved_kv_tokens,
                 "kv_occupied_tokens": kv_occupied(b),
                 "max_total_tokens": b.max_total_tokens,
-                "round_prefill_tokens": rounds.released(b.url),
+                "round_prefill_tokens": d.rounds.released(b.url),
                 "pending_prefill_tokens": d.shield.unstarted(b.url, now),
                 "prefix_index": b.prefix.snapshot(),
                 "buckets": dict(b.bucket_active),

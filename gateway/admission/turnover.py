@@ -21,8 +21,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+from gateway.admission.decision import Decision
+from gateway.admission.families import Ask
 from gateway.backends.circuit import CircuitState
 from gateway.backends.state import BackendState
+from gateway.ticket import Ticket
 
 TURNOVER_SAMPLES = 16
 """Recent releases per backend whose hold times are averaged."""
@@ -56,6 +59,24 @@ class SlotTurnover:
         if hold is None:
             return None
         return occupied / hold if hold > 0 else None
+
+
+class Turnover:
+    """Every backend's hold times, a `Tally` (families.py): what the queue predicts a slot's wait from."""
+
+    def __init__(self) -> None:
+        self._backends: dict[str, SlotTurnover] = {}
+
+    def commit(self, ask: Ask, backend: BackendState, ctx: Decision) -> None:
+        self._backends.setdefault(backend.url, SlotTurnover()).taken(id(ask.ticket), ctx.now)
+
+    def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:
+        self._backends[backend.url].freed(id(ticket), now)
+
+    def rate(self, url: str, occupied: int, now: float, max_age_s: float) -> float | None:
+        """`SlotTurnover.rate` of `url`; None before its first dispatch."""
+        turnover = self._backends.get(url)
+        return None if turnover is None else turnover.rate(occupied, now, max_age_s)
 
 
 def capacity_lost(pool: str, backends: Sequence[BackendState]) -> str | None:

@@ -18,7 +18,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import anyio
 import orjson
@@ -26,7 +25,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.admission.scheduler import PoolScheduler
+from gateway.admission.shares import SharedPool
 from gateway.backends.state import BackendState
 from gateway.config import CoordinationConfig
 from gateway.coordination.scripts import ALLOCATE, LEAVE, RECENT, VTC
@@ -45,7 +44,7 @@ class Coordinator:
         redis_url: str,
         prefix: str,
         config: CoordinationConfig,
-        schedulers: Mapping[str, PoolScheduler],
+        schedulers: Mapping[str, SharedPool],
         replica: str,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -67,9 +66,7 @@ class Coordinator:
         self._wake = anyio.Event()
         self._last = -float("inf")
         for sched in schedulers.values():
-            sched.shares = self.shares
-            sched.counters.share()
-            sched.dispatcher.standing.recent.share()
+            sched.share(self.shares)
 
     def nudge(self) -> None:
         self._wake.set()
@@ -82,8 +79,8 @@ class Coordinator:
         on failure, the fallback (`Shares.failed`) and the counters' changes kept for the next one."""
         ttl_ms = int(self.config.lease_ttl_s * 1000)
         shares = self.shares
-        calls: list[tuple[PoolScheduler, BackendState]] = []
-        taken = {name: _fairness(sched) for name, sched in self.schedulers.items()}
+        calls: list[tuple[SharedPool, BackendState]] = []
+        taken = {name: sched.take_fairness() for name, sched in self.schedulers.items()}
         sent = self.clock()
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
@@ -92,14 +89,11 @@ class Coordinator:
                     decay: list[str | int] = [int(f.window_s * 1000), *_pairs(f.recent)]
                     await self._recent(keys=[f"{self.prefix}recent:{name}"], args=decay, client=pipe)
                 for sched in self.schedulers.values():
-                    queued = sched.queue.depth_by_band()
                     shield_top = sched.shield_top()
                     for b in sched.backends:
-                        limit = sched.limits[b.url].limit
+                        limit = sched.local_limit(b.url)
                         reserve, top = sched.top_reserve(limit)
-                        demand = dict(queued)
-                        for band, n in sched.dispatcher.holdings.by_band(b.url).items():
-                            demand[band] = demand.get(band, 0) + n
+                        demand = sched.demand(b.url)
                         args: list[str | int | bytes] = [
                             shares.replica,
                             ttl_ms,
@@ -119,9 +113,7 @@ class Coordinator:
                 answers = await pipe.execute()
         except OUTAGE_ERRORS as e:
             for name, f in taken.items():
-                sched = self.schedulers[name]
-                sched.counters.restore(f.counters)
-                sched.dispatcher.standing.recent.restore(f.recent, f.now, f.window_s)
+                self.schedulers[name].restore_fairness(f)
             if not shares.returning:
                 log.warning("coordination: redis unreachable (%s); each replica holds 1/N", type(e).__name__)
             shares.failed(sent)
@@ -131,10 +123,8 @@ class Coordinator:
         until = sent + self.config.lease_ttl_s
         sums, leases = answers[: 2 * len(taken)], answers[2 * len(taken) :]
         for i, (name, f) in enumerate(taken.items()):
-            sched = self.schedulers[name]
-            sched.counters.merge(_floats(sums[2 * i]))
-            sched.dispatcher.standing.recent.merge(_floats(sums[2 * i + 1]), sched.clock(), f.window_s)
-        peer_ranks: dict[PoolScheduler, list[float]] = {}  # the peers' top ranks over the pool's backends
+            self.schedulers[name].merge_fairness(f, _floats(sums[2 * i]), _floats(sums[2 * i + 1]))
+        peer_ranks: dict[SharedPool, list[float]] = {}  # the peers' top ranks over the pool's backends
         for (sched, backend), answer in zip(calls, leases, strict=True):
             grant, limit, live, peer_kv, peer_active, owner, target, peer_rank, *pairs = answer
             ranks = peer_ranks.setdefault(sched, [])
@@ -158,7 +148,7 @@ class Coordinator:
             backend.peer_active = int(peer_active)
             backend.peer_kv_tokens = int(peer_kv)
         for sched, ranks in peer_ranks.items():
-            sched.dispatcher.shield.peers(max(ranks, default=None), until)
+            sched.peers_shield(max(ranks, default=None), until)
         shares.refreshed()
         for sched in self.schedulers.values():
             sched.pump()  # a grown share may let waiting requests go
@@ -190,23 +180,8 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-@dataclass(frozen=True, slots=True)
-class _Fairness:
-    """What one pool's fairness state changed since the last refresh, taken for the shared sums."""
-
-    counters: dict[str, float]
-    recent: dict[str, float]
-    now: float
-    window_s: float
-
-
-def _fairness(sched: PoolScheduler) -> _Fairness:
-    now, window_s = sched.clock(), sched.settings().fairness.share_window_s
-    recent = sched.dispatcher.standing.recent.take_pending(now, window_s)
-    return _Fairness(sched.counters.take_pending(), recent, now, window_s)
-
-
 def _pairs(values: dict[str, float]) -> list[str]:
+    """A tenant → value map as the scripts' flat argument list (`Fairness`'s parts)."""
     return [x for tenant, value in values.items() for x in (tenant, repr(value))]
 
 

@@ -248,8 +248,10 @@ class Tracing:
         """The finish stage, then the request's spans ended with what its ticket holds."""
         tracer, clock, providers = self.tracer, self.clock, self.providers
 
-        async def traced(ticket: Ticket, reservation: object, status: int, error: str | None) -> None:
-            await finish(ticket, reservation, status, error)
+        async def traced(
+            ticket: Ticket, ending: object, reservation: object, status: int, error: str | None
+        ) -> None:
+            await finish(ticket, ending, reservation, status, error)
             request = _CURRENT.get()
             if request is None or not request.span.is_recording():
                 return

@@ -1,20 +1,23 @@
-"""The last stage, once per request whatever its outcome: settle the quota reservation with what the engine
-did (gateway/tenants/charge.py) and the audio it delivered (read from the WAV headers), then measure. The
-two never depend on each other: a reconcile that fails still leaves the request measured, logged and
-alerted on. Never raises: a failure here is logged, never shown to the client."""
+"""The last stage, once per request whatever its outcome: record how it ended (the one writer of the
+ticket's outcome and error fields, from the `Ending` the pipeline hands over), settle the quota reservation
+with what the engine did (gateway/tenants/charge.py) and the audio it delivered (read from the WAV
+headers), then measure. The two never depend on each other: a reconcile that fails still leaves the
+request measured, logged and alerted on. Never raises: a failure here is logged, never shown to the
+client."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import anyio
 
 from gateway.stages.measure import Measure
 from gateway.tenants.charge import billable, charged_prompt
 from gateway.tenants.service import Reservation, TenantService
-from gateway.ticket import Outcome, Ticket
+from gateway.ticket import Ending, Outcome, Ticket
 
 log = logging.getLogger("omnigate")
 
@@ -28,12 +31,17 @@ class Finish:
         self.clock = clock
 
     async def __call__(
-        self, ticket: Ticket, reservation: Reservation | None, status: int, error: str | None
+        self,
+        ticket: Ticket,
+        ending: Ending,
+        reservation: Reservation | None,
+        status: int,
+        error: str | None,
     ) -> None:
-        if ticket.finished_at is None:
+        """`ending` PENDING: answered (OK). `error`: the message alerts and the log carry."""
+        if ticket.finished_at is None:  # never relayed: it ends now
             ticket.finished_at = self.clock()
-        if ticket.outcome == Outcome.PENDING:
-            ticket.outcome = Outcome.OK
+        ticket.ending = replace(ending, outcome=Outcome.OK) if ending.outcome == Outcome.PENDING else ending
         usage = billable(ticket)
         if reservation is not None:
             try:

@@ -48,12 +48,13 @@ class Inferred(StrEnum):
 _NOTHING = Usage(0, 0)
 
 
-def infer(ticket: Ticket, answer_tokens: int) -> Usage:
-    """The engine sent no usage for a request it ran: charge the priced prompt plus `answer_tokens`, and
-    count why. Callers infer only while `ticket.usage` is None, so once per request."""
-    if ticket.outcome == Outcome.OK:
+def infer(ticket: Ticket, answer_tokens: int, outcome: Outcome) -> Usage:
+    """The engine sent no usage for a request it ran, which ended (so far) with `outcome`: charge the
+    priced prompt plus `answer_tokens`, and count why. Callers infer only while `ticket.usage` is None,
+    so once per request."""
+    if outcome == Outcome.OK:
         reason = Inferred.NO_USAGE
-    elif ticket.outcome in (Outcome.CANCELLED, Outcome.PENDING):  # PENDING: a disconnect cut the relay
+    elif outcome in (Outcome.CANCELLED, Outcome.PENDING):  # PENDING: a disconnect cut the relay
         reason = Inferred.CLIENT_LEFT
     else:
         reason = Inferred.STREAM_CUT
@@ -67,12 +68,17 @@ def infer(ticket: Ticket, answer_tokens: int) -> Usage:
 
 
 def left_waiting(
-    ticket: Ticket, progress: EngineProgress, now: float, runs_on: bool, abort_delay: float = 0.0
+    ticket: Ticket,
+    progress: EngineProgress,
+    now: float,
+    runs_on: bool,
+    abort_delay: float = 0.0,
+    outcome: Outcome = Outcome.PENDING,
 ) -> None:
     """The client left at `now` while the gateway waited for the engine's first byte (a stream's first
-    token, or a whole answer): charge what the engine is predicted to have done by the time it stops the
-    request, `abort_delay` later. A server that `runs_on` after its connection closes prefills the request
-    whenever it reaches it."""
+    token, or a whole answer) — or the gateway gave up (`outcome`: as judged): charge what the engine is
+    predicted to have done by the time it stops the request, `abort_delay` later. A server that `runs_on`
+    after its connection closes prefills the request whenever it reaches it."""
     if not ticket.reached_engine or ticket.usage is not None:
         return
     stop = now + abort_delay
@@ -80,15 +86,15 @@ def left_waiting(
         ticket.usage, ticket.usage_inferred = Usage(0, 0), Inferred.LEFT_QUEUED
         metrics.USAGE_INFERRED.labels(Inferred.LEFT_QUEUED).inc()
         return
-    infer(ticket, 0 if ticket.stream else progress.generated(ticket, stop))
+    infer(ticket, 0 if ticket.stream else progress.generated(ticket, stop), outcome)
 
 
 def billable(ticket: Ticket) -> Usage:
     """The usage a finished request is charged (the rule above); infers it for a request cancelled after
-    dispatch before any byte came back."""
+    dispatch before any byte came back. Read once its outcome is set (the finish stage)."""
     if ticket.usage is not None:
         return ticket.usage
-    return infer(ticket, 0) if ticket.reached_engine else _NOTHING
+    return infer(ticket, 0, ticket.outcome) if ticket.reached_engine else _NOTHING
 
 
 def charged_prompt(usage: Usage, cached_share: float) -> int:

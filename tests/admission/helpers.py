@@ -8,13 +8,14 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.admission.decision import Decision
+from gateway.admission.blocks import Block
+from gateway.admission.decision import Decision, SlotRule
+from gateway.admission.dispatch import Dispatcher
 from gateway.admission.fairness import token_charge
 from gateway.admission.lease import Lease
 from gateway.admission.queue import Entry, effective_deadline
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import PoolBudgets
-from gateway.admission.slots import SlotRule
 from gateway.backends.state import BackendState
 from gateway.policy import Policy
 from gateway.ticket import Cost, Ticket
@@ -64,6 +65,11 @@ def ticket(
 def policy(**sections: Any) -> Policy:
     """A Policy from plain dicts per section, e.g. policy(window={"enabled": False})."""
     return Policy.model_validate(sections)
+
+
+def miss(d: Dispatcher, t: Ticket, b: BackendState, ctx: Decision, *, metered: bool = True) -> Block | None:
+    """The first shared budget `t` misses on `b`, as placement asks it."""
+    return d.shared_budget_miss(d.ask(t, ctx), b, ctx, metered=metered)
 
 
 def decision(

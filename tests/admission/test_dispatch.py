@@ -9,14 +9,14 @@ from gateway.admission.queue import Entry, SLOQueue
 from gateway.admission.settings import PoolBudgets
 from gateway.backends.state import BackendState
 from gateway.ticket import Ticket
-from tests.admission.helpers import backends, decision, entry, ticket
+from tests.admission.helpers import backends, decision, entry, miss, ticket
 
 BUDGETS = PoolBudgets(prefill_tokens_per_round=1000, kv_watermark=0.5, bucket_caps={"multi_image": 1})
 CTX = decision(BUDGETS)
 
 
 def _fits(d: Dispatcher, t: Ticket, b: BackendState) -> bool:
-    return d.shared_budget_miss(t, b, CTX) is None
+    return miss(d, t, b, CTX) is None
 
 
 def _run(entries: list[Entry], pool: list[BackendState], limit: int = 8) -> list[tuple[Entry, str]]:
@@ -25,7 +25,7 @@ def _run(entries: list[Entry], pool: list[BackendState], limit: int = 8) -> list
     for e in entries:
         q.push(e)
     d = Dispatcher()
-    d.rounds.open(0.0)
+    d.open_round(0.0)
     out = []
     ctx = decision(BUDGETS, limit=limit)
     while (placed := d.place(q.ordered(), pool, ctx)) is not None:
@@ -55,14 +55,14 @@ def test_prefill_budget_per_round_and_big_request_alone() -> None:
 def test_new_round_resets_prefill_budget_and_round_timing() -> None:
     d = Dispatcher()
     b = backends(1)[0]
-    d.rounds.open(10.0)
+    d.open_round(10.0)
     d.commit(ticket(prompt=1000), b, CTX)
     assert d.rounds.is_open(10.4, PoolBudgets(round_s=0.5)) and not d.rounds.is_open(
         10.5, PoolBudgets(round_s=0.5)
     )
     assert d.rounds.ends(PoolBudgets(round_s=0.5)) == 10.5
     assert not _fits(d, ticket(prompt=1), b)
-    d.rounds.open(10.5)
+    d.open_round(10.5)
     assert _fits(d, ticket(prompt=1000), b)
 
 
@@ -137,7 +137,7 @@ def test_commit_and_release_are_exact_inverses() -> None:
 
 def test_grouped_round_admits_late_arrivals_only_from_a_strictly_higher_band() -> None:
     d = Dispatcher()
-    d.rounds.open(10.0, grouped=True, top_band=5)
+    d.open_round(10.0, grouped=True, top_band=5)
     waiting, late_same, late_high = (
         entry(ticket(priority=p), now=t) for p, t in ((0, 10.0), (5, 10.01), (10, 10.01))
     )
@@ -145,14 +145,14 @@ def test_grouped_round_admits_late_arrivals_only_from_a_strictly_higher_band() -
     d.commit(late_high.ticket, backends(1)[0], CTX)
     assert d.rounds.bar == 10 and not d.joins_round(entry(ticket(priority=10), now=10.02), CTX)
     assert d.rounds.dispatched == {10: 1}
-    d.rounds.open(10.1)  # not grouped: everyone joins
+    d.open_round(10.1)  # not grouped: everyone joins
     assert d.joins_round(late_same, CTX) and d.rounds.dispatched == {}
 
 
 def test_recent_prefill_counts_tokens_of_the_band_and_above_of_the_last_round_only() -> None:
     d = Dispatcher()
     budgets = PoolBudgets(round_s=0.5)
-    d.rounds.open(10.0)
+    d.open_round(10.0)
     pool = backends(1)
     for p, prompt in ((0, 1000), (5, 10), (5, 20), (10, 300)):
         d.commit(ticket(priority=p, prompt=prompt), pool[0], CTX)
@@ -167,7 +167,7 @@ def test_room_is_every_budget_but_the_rounds_prefill() -> None:
     pool = backends(2)
     budgets = PoolBudgets(prefill_tokens_per_round=100, kv_watermark=0.5, bucket_caps={"multi_image": 1})
     d = Dispatcher()
-    d.rounds.open(0.0)
+    d.open_round(0.0)
     d.commit(ticket(prompt=100), pool[0], CTX)
     d.commit(ticket(prompt=100), pool[1], CTX)
     limits = {"http://b0": 2, "http://b1": 2}

@@ -50,9 +50,9 @@ async def test_one_overload_is_no_permanent_outage() -> None:
     assert s.rate.at(clock.now) == 2500.0  # floored at 0.25 × the prior
     clock.now = 1003.0
     tiny = await s.acquire(_t(clock, 10))  # old code: 429, "first token predicted in 2.067s"
-    assert tiny.ticket.dispatched_at == 1003.0
+    assert tiny.dispatched_at == 1003.0
     big = await s.acquire(_t(clock, 8000))  # predicted 3.2 s > 2 s, but it starts now
-    assert big.ticket.dispatched_at == 1003.0 and s.rejections == {}
+    assert big.dispatched_at == 1003.0 and s.rejections == {}
     tiny.release(Usage(10, 1), "ok", ttft_s=0.001)
     big.release(Usage(8000, 1), "ok", ttft_s=0.5)  # 16000 tokens/s: one sample among 65
     assert s.rate.at(1031.5) == 2500.0  # half the overload's samples expired, the rest still rule
@@ -64,7 +64,7 @@ async def test_prediction_still_refuses_what_must_queue() -> None:
     clock = FakeClock()
     s = _sched(policy(controller=FIXED_1), backends(1), clock)
     alone = await s.acquire(_t(clock, 25000))  # 2.5 s of prefill > the 2 s SLO, but on an idle backend
-    assert alone.ticket.dispatched_at == 1000.0
+    assert alone.dispatched_at == 1000.0
     err = await _refused(s, 25000)  # the slot is taken: it would queue, and cannot make it
     assert (err.status, err.code) == (429, "slo_unattainable")
     small = asyncio.create_task(s.acquire(_t(clock, 100)))
@@ -96,7 +96,7 @@ async def test_head_waiting_only_for_the_next_round_is_neither_refused_nor_shed(
     assert not second.done() and len(s.queue) == 1
     clock.now = 1000.125
     s.pump()
-    assert (await second).ticket.dispatched_at == 1000.125
+    assert (await second).dispatched_at == 1000.125
     first.release(None, "ok")
     second.result().release(None, "ok")
     assert s.rejections == {("slo_unattainable", "interactive"): 1}
@@ -112,7 +112,7 @@ async def test_limit_at_its_minimum_still_serves_an_idle_backend_at_once() -> No
     lease = await s.acquire(_t(clock, 25000))  # idle backend, limit 1: goes, prediction or not
     waiting = asyncio.create_task(s.acquire(_t(clock, 100)))
     await settle()
-    assert lease.ticket.dispatched_at == 1000.125 and not waiting.done()
+    assert lease.dispatched_at == 1000.125 and not waiting.done()
     lease.release(None, "ok")
     clock.now = 1000.25  # next round (the big prompt spent this one's prefill budget)
     s.pump()

@@ -52,7 +52,9 @@ async def test_offline_borrows_an_interactive_backend_only_when_allowed_and_neve
     assert inter.dispatcher.rounds.prefill == {
         "http://i0": {0: 100}
     }  # the loan spends the lender's round budget
-    assert inter.dispatcher.rounds.dispatched == {}  # but is not interactive arrival pressure
+    assert (
+        inter.snapshot()["round"]["dispatched_by_priority"] == {}
+    )  # but is not interactive arrival pressure
     sixth = await spawn(off, _offline())  # i0 at 1/4 < 0.5
     seventh = await spawn(off, _offline())  # i0 at 2/4: not below 0.5
     assert sixth.result().backend is i0 and not seventh.done() and i0.active == 2

@@ -20,7 +20,7 @@ from gateway.admission.limits import (
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import ControllerPolicy, SLOClass
 from gateway.pipeline import engine_latencies
-from gateway.ticket import Usage
+from gateway.ticket import Relayed, Usage
 from tests.admission.helpers import FakeClock, backends, policy, ticket
 
 
@@ -61,7 +61,7 @@ def test_gradient_grows_below_setpoint_and_shrinks_above() -> None:
     assert lim.limit == 18
     lim.update(Sample(1.0, in_flight=18, latency_ratio=1.0))
     # long = 0.625; grad = min(1.25, 0.5) / 1.0 = 0.5; new = 9 + sqrt(18); value = 9 + (9 + 4.243) / 2
-    assert lim._value == pytest.approx(18 * 0.5 + (18 * 0.5 + math.sqrt(18)) * 0.5)
+    assert lim.value == pytest.approx(18 * 0.5 + (18 * 0.5 + math.sqrt(18)) * 0.5)
     assert lim.limit == 15
 
 
@@ -138,7 +138,8 @@ async def test_a_whole_answer_feeds_the_limit_its_per_token_time_not_its_length_
 
 def test_engine_latencies_of_a_stream_are_measured_from_dispatch() -> None:
     t = ticket(prompt=100)
-    t.dispatched_at, t.first_token_at, t.finished_at, t.usage = 1.0, 1.5, 5.5, Usage(100, 401)
+    t.dispatched_at, t.finished_at, t.usage = 1.0, 5.5, Usage(100, 401)
+    t.relayed = Relayed(first_token_at=1.5, finished_at=5.5)
     assert engine_latencies(t) == (0.5, 0.01)
     t.usage = None  # cut before any usage: no TPOT
     assert engine_latencies(t) == (0.5, None)

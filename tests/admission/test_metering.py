@@ -13,7 +13,7 @@ from gateway.admission.limits import Sample
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import PoolBudgets
 from gateway.errors import ApiError
-from tests.admission.helpers import FakeClock, backends, decision, policy, settle, ticket
+from tests.admission.helpers import FakeClock, backends, decision, miss, policy, settle, ticket
 
 METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_fraction=1.0)
 
@@ -21,16 +21,16 @@ METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_f
 def test_carry_spends_the_following_rounds_until_paid_off() -> None:
     d = Dispatcher()
     b = backends(1)[0]
-    d.rounds.open(0.0, budgets=METERED)
+    d.open_round(0.0, budgets=METERED)
     d.commit(ticket(prompt=3500), b, decision())  # alone into the empty round
-    d.rounds.open(0.1, budgets=METERED)
+    d.open_round(0.1, budgets=METERED)
     assert d.rounds.prefill == {b.url: {0: 2500}}
-    assert d.shared_budget_miss(ticket(prompt=1), b, decision(METERED)) == "round_prefill"
-    d.rounds.open(0.3, budgets=METERED)  # two more rounds paid 2000 of it
+    assert miss(d, ticket(prompt=1), b, decision(METERED)) == "round_prefill"
+    d.open_round(0.3, budgets=METERED)  # two more rounds paid 2000 of it
     assert d.rounds.prefill == {b.url: {0: 500}}
-    assert d.shared_budget_miss(ticket(prompt=500), b, decision(METERED)) is None
-    assert d.shared_budget_miss(ticket(prompt=501), b, decision(METERED)) == "round_prefill"
-    d.rounds.open(0.4, budgets=METERED)
+    assert miss(d, ticket(prompt=500), b, decision(METERED)) is None
+    assert miss(d, ticket(prompt=501), b, decision(METERED)) == "round_prefill"
+    d.open_round(0.4, budgets=METERED)
     assert d.rounds.prefill == {}
 
 
@@ -38,9 +38,9 @@ def test_fixed_budget_carries_nothing() -> None:
     d = Dispatcher()
     b = backends(1)[0]
     fixed = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1)
-    d.rounds.open(0.0, budgets=fixed)
+    d.open_round(0.0, budgets=fixed)
     d.commit(ticket(prompt=3500), b, decision())
-    d.rounds.open(0.1, budgets=fixed)
+    d.open_round(0.1, budgets=fixed)
     assert d.rounds.prefill == {}
 
 
@@ -70,14 +70,14 @@ async def test_big_prompts_go_at_the_metered_pace() -> None:
     first = await s.acquire(ticket(arrival=clock.now, prompt=1500))
     second = asyncio.create_task(s.acquire(ticket(arrival=clock.now, prompt=1500)))
     await settle()
-    assert first.ticket.dispatched_at == 1000.0 and not second.done()
+    assert first.dispatched_at == 1000.0 and not second.done()
     clock.now = 1000.1
     s.pump()  # a new round, but 500 tokens of the first prompt are still carried
     await asyncio.sleep(0)
     assert not second.done() and s.snapshot()["backends"][0]["round_prefill_tokens"] == 500
     clock.now = 1000.2
     s.pump()
-    assert (await second).ticket.dispatched_at == 1000.2
+    assert (await second).dispatched_at == 1000.2
 
 
 def test_the_target_limits_duty_scales_the_metered_budget() -> None:

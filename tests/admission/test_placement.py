@@ -10,7 +10,7 @@ from gateway.admission.placement import Placement
 from gateway.admission.settings import PlacementPolicy, PoolBudgets
 from gateway.backends.state import BackendState
 from gateway.ticket import PrefixKey, Ticket
-from tests.admission.helpers import backends, decision, ticket
+from tests.admission.helpers import backends, decision, miss, ticket
 
 CONVERSATION = PrefixKey((b"sys", b"turn1", b"turn2"), (200, 1800, 2000), session=b"conv-1")
 
@@ -75,12 +75,12 @@ def test_budgets_count_the_prompt_less_the_prefix_cached_on_that_backend() -> No
     d, pool = Dispatcher(), backends(2)
     _warm(pool[0])
     ctx = decision(PoolBudgets(prefill_tokens_per_round=1000), prefill_rate=1000.0)
-    d.rounds.open(0.0)
+    d.open_round(0.0)
     d.commit(ticket(prompt=700), pool[0], ctx)
     d.commit(ticket(prompt=700), pool[1], ctx)
     t = _prompt()
-    assert d.shared_budget_miss(t, pool[0], ctx) is None  # 700 + its 200 uncached fit the round's 1000
-    assert d.shared_budget_miss(t, pool[1], ctx) is not None  # 700 + 2000 do not
+    assert miss(d, t, pool[0], ctx) is None  # 700 + its 200 uncached fit the round's 1000
+    assert miss(d, t, pool[1], ctx) is not None  # 700 + 2000 do not
     d.commit(t, pool[0], ctx)
     assert t.cost.cached_tokens == 1800 and t.cost.prefill_tokens == 200
     assert d.shield.unstarted("http://b0", 0.0) == 700 + 200
@@ -90,7 +90,7 @@ def test_budgets_count_the_prompt_less_the_prefix_cached_on_that_backend() -> No
 
 def test_the_index_budget_follows_the_backends_kv_pool_or_the_policy() -> None:
     d, pool = Dispatcher(), backends(1, max_total_tokens=4096)
-    d.rounds.open(0.0)
+    d.open_round(0.0)
     d.commit(_prompt(), pool[0], decision(PoolBudgets(), prefill_rate=math.inf))
     assert pool[0].prefix.capacity_tokens == 4096
     d.commit(_prompt(), pool[0], decision(PoolBudgets(placement={"index_tokens": 500})))

@@ -39,7 +39,8 @@ async def test_light_load_dispatches_at_once_and_release_is_idempotent() -> None
     s = _sched(policy(), clock=clock)
     t = ticket(prompt=300, output=100)
     lease = await s.acquire(t)
-    assert lease.backend.url == "http://b0" and t.backend == "http://b0" and t.dispatched_at == 1000.0
+    assert lease.backend.url == "http://b0" and lease.dispatched_at == 1000.0
+    assert (t.backend, t.dispatched_at) == (None, None)  # the pipeline's to set, as it opens the attempt
     snap = s.snapshot()
     assert snap["backends"][0] | {"limit": None} == {
         "url": "http://b0",
@@ -94,14 +95,14 @@ async def test_window_groups_prefills_under_load_and_releases_light_load_at_once
     s.pump()
     await settle()
     assert d.done() and e.done()
-    assert s.dispatcher.rounds.prefill == {"http://b0": {0: 512}} and s.dispatcher.rounds.grouped
+    assert s.dispatcher.rounds.prefill == {"http://b0": {0: 512}} and s.snapshot()["round"]["grouped"]
     clock.now = 1000.25  # inside a grouped round: a new arrival waits for the next round
     g = await spawn(s, ticket(prompt=128))
     assert not g.done() and s.next_wake == 1000.296875
     clock.now = 1000.296875  # load (512 + 128) / 1024: its window (from 1000.25) is over
     s.pump()
     await settle()
-    assert g.done() and g.result().ticket.dispatched_at == 1000.296875
+    assert g.done() and g.result().dispatched_at == 1000.296875
     for t in [*light, d, e, g]:
         t.result().release(None, "ok")
     _assert_idle(s)
@@ -123,11 +124,11 @@ async def test_small_requests_at_a_high_rate_to_a_backend_with_room_are_never_he
         task = await spawn(s, ticket(prompt=50, output=10, arrival=clock.now))
         assert task.done(), i
         lease = task.result()
-        assert lease.ticket.dispatched_at is not None
-        waited.append(lease.ticket.dispatched_at - lease.ticket.arrival)
+        assert lease.dispatched_at is not None
+        waited.append(lease.dispatched_at - lease.ticket.arrival)
         running.append((clock.now + 0.005, lease))
     assert waited == [0.0] * 2048 and s.rejections == {}
-    assert not s.dispatcher.rounds.grouped and s.snapshot()["window_s"] == 0.0
+    assert not s.snapshot()["round"]["grouped"] and s.snapshot()["window_s"] == 0.0
     for _, lease in running:
         lease.release(None, "ok")
     _assert_idle(s)
@@ -150,13 +151,13 @@ async def test_a_burst_of_big_prefills_goes_one_round_budget_per_round() -> None
     assert late is not None
     rounds: dict[float, int] = {}
     for t in [*burst, late]:
-        at = t.result().ticket.dispatched_at
+        at = t.result().dispatched_at
         assert at is not None
         rounds[at] = rounds.get(at, 0) + 1
     # the first round opened on arrival (light), released 2 × 3000 and spent its budget; every later
     # round opens at the end of the last (a full group waits: no window) and releases what fits
     assert rounds == {1000.0: 2, 1000.125: 2, 1000.25: 2, 1000.375: 2, 1000.5: 1}
-    assert late.result().ticket.dispatched_at == 1000.5  # the burst's own requests stayed first
+    assert late.result().dispatched_at == 1000.5  # the burst's own requests stayed first
     for t in [*burst, late]:
         t.result().release(None, "ok")
     _assert_idle(s)
@@ -185,14 +186,14 @@ async def test_higher_band_joins_a_grouped_round_at_once_same_band_waits_for_the
     clock.now = 1000.1875
     s.pump()
     await settle()
-    assert lows[-1].done() and s.dispatcher.rounds.grouped and s.dispatcher.rounds.bar == 0
+    assert lows[-1].done() and s.snapshot()["round"]["grouped"] and s.snapshot()["round"]["bar_priority"] == 0
     clock.now = 1000.25  # mid-round
     late_low = await spawn(s, ticket(priority=0, prompt=256))
     high = await spawn(s, ticket(priority=10, prompt=256))
     second_high = await spawn(s, ticket(priority=10, prompt=256))
-    assert high.done() and high.result().ticket.dispatched_at == 1000.25
+    assert high.done() and high.result().dispatched_at == 1000.25
     assert not late_low.done() and not second_high.done()  # the round now released band 10
-    assert s.dispatcher.rounds.bar == 10 and s.next_wake == 1000.3125
+    assert s.snapshot()["round"]["bar_priority"] == 10 and s.next_wake == 1000.3125
     clock.now = 1000.3125
     s.pump()
     await settle()
@@ -208,7 +209,7 @@ async def test_a_lower_band_window_never_holds_a_higher_band_arrival() -> None:
     clock.now = 1000.15625  # the band-0 window would open at 1000.1875
     high = await spawn(s, ticket(priority=10, prompt=256))
     assert high.done() and lows[-1].done()  # band 10 alone is light: the round opens now, for both
-    assert s.snapshot()["window_s"] == 0.0 and s.dispatcher.rounds.grouped
+    assert s.snapshot()["window_s"] == 0.0 and s.snapshot()["round"]["grouped"]
     for t in [*lows, high]:
         t.result().release(None, "ok")
     _assert_idle(s)
@@ -264,7 +265,7 @@ async def test_snapshot_tells_why_the_head_of_the_queue_waits() -> None:
     clock.now = 1000.75  # round over; band 10 alone is light → a round would open now
     assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "concurrency"}
     running.release(None, "ok")  # high goes in a round opened now; low waited before it: it may join
-    assert (await high).ticket.dispatched_at == 1000.75
+    assert (await high).dispatched_at == 1000.75
     assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "concurrency"}
     high.result().release(None, "ok")
     (await low).release(None, "ok")

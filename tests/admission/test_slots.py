@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import asyncio
-import math
 
+from gateway.admission.decision import SlotRule
 from gateway.admission.dispatch import Dispatcher
 from gateway.admission.fairness import VirtualTokenCounters
 from gateway.admission.queue import SLOQueue
 from gateway.admission.scheduler import PoolScheduler
-from gateway.admission.slots import Holdings, SlotRule, slot_margin, slot_miss
-from gateway.admission.turnover import SlotTurnover
+from gateway.admission.slots import Holdings, slot_margin, slot_miss
 from gateway.backends.state import BackendState
 from tests.admission.helpers import FakeClock, backends, decision, entry, policy, settle, spawn, ticket
 
 BANDS = SlotRule(top_band=10, band_fraction=0.15)
+
+
+def _run(d: Dispatcher, b: BackendState, n: int, **fields: object) -> None:
+    """`n` requests dispatched to `b` and running."""
+    for _ in range(n):
+        d.commit(ticket(**fields), b, decision())  # type: ignore[arg-type]
+
+
+def _served(d: Dispatcher, b: BackendState, taken: float, freed: float) -> None:
+    """One request held a slot on `b` from `taken` to `freed`."""
+    t = ticket()
+    d.commit(t, b, decision(now=taken))
+    d.release(t, b, freed)
 
 
 def _hold(held: Holdings, b: BackendState, n: int, **fields: object) -> None:
@@ -84,7 +96,7 @@ def test_a_tenant_held_back_by_its_share_is_skipped_not_blocking_the_others() ->
     pool, d = backends(1), Dispatcher()
     rule = SlotRule(tenant_fraction=0.1, present={5: {"heavy": 1.0, "light": 1.0}})
     ctx = decision(rule=rule, limit=10)
-    d.rounds.open(0.0)
+    d.open_round(0.0)
     for tenant in ("heavy",) * 5 + ("light",) * 4:
         d.commit(ticket(tenant=tenant, prompt=1), pool[0], ctx)
     q = SLOQueue(VirtualTokenCounters())
@@ -100,16 +112,14 @@ def test_slot_wait_is_zero_with_room_for_those_ahead_else_lacking_releases_at_th
     pool, d = backends(2), Dispatcher()
     ctx = decision(rule=BANDS, limit=4)
     for b in pool:
-        _hold(d.holdings, b, 3, priority=0)  # each at the low bands' ceiling 4 − 1
+        _run(d, b, 3, priority=0)  # each at the low bands' ceiling 4 − 1
     low, high = entry(ticket(priority=0)), entry(ticket(priority=10))
     assert d.slot_wait(high, pool, ctx, 10.0, 30.0) == 0.0  # one free slot per backend
     assert d.slot_wait(high, pool, ctx, 10.0, 30.0, ahead=1) == 0.0
     assert d.slot_wait(high, pool, ctx, 10.0, 30.0, ahead=2) is None  # lacks one: no rate
     assert d.slot_wait(low, pool, ctx, 10.0, 30.0) is None  # no releases seen yet
-    for url, held in (("http://b0", 3.0), ("http://b1", 1.5)):
-        d.turnover[url] = SlotTurnover()
-        d.turnover[url].taken(1, 9.0 - held)
-        d.turnover[url].freed(1, 9.0)
+    for b, held in zip(pool, (3.0, 1.5), strict=True):
+        _served(d, b, 9.0 - held, 9.0)
     # 3 running on each: b0 holds a slot 3 s and frees one per second, b1 two: the pool three per second
     assert d.slot_wait(low, pool, ctx, 10.0, 30.0) == 1 / 3
     assert d.slot_wait(low, pool, ctx, 10.0, 30.0, ahead=5) == 2.0
@@ -120,10 +130,8 @@ def test_slot_wait_is_zero_with_room_for_those_ahead_else_lacking_releases_at_th
 
 def test_a_replica_owed_slots_held_by_its_peers_waits_at_the_engines_turnover() -> None:
     (b,), d = backends(1), Dispatcher()
-    _hold(d.holdings, b, 2, priority=10)  # its whole share of 2
-    d.turnover[b.url] = SlotTurnover()
-    d.turnover[b.url].taken(1, 7.0)
-    d.turnover[b.url].freed(1, 9.0)  # a slot is held 2 s
+    _run(d, b, 2, priority=10)  # its whole share of 2
+    _served(d, b, 7.0, 9.0)  # a slot is held 2 s
     waiting = entry(ticket(priority=10))
     assert d.slot_wait(waiting, [b], decision(limit=2), 10.0, 30.0) == 1.0  # its own 2 free one a second
     # 6 of the peers' running requests end into its share: the engine's 8 free four a second
@@ -135,13 +143,15 @@ def test_dispatcher_release_undoes_commit_and_times_the_slot() -> None:
     b, d = backends(1)[0], Dispatcher()
     t = ticket(tenant="a", priority=0, prompt=10)
     d.commit(t, b, decision(now=4.0))
-    assert d.holdings.below(b.url, 10) == 1 and d.holdings.of_tenant(b.url, 0, "a") == 1
-    assert d.holdings.tenants() == {(0, "a")}
+    assert (b.active, b.outstanding_tokens, d.seated()) == (1, 10, {(0, "a")})
     d.release(t, b, 5.0)
-    assert (b.active, d.holdings.below(b.url, math.inf), d.holdings.tenants()) == (0, 0, set())
+    assert (b.active, b.outstanding_tokens, d.seated()) == (0, 0, set())
     d.commit(t, b, decision(now=6.5))
     d.release(t, b, 7.0)
-    assert d.turnover[b.url].hold(7.0, 30.0) == 0.75  # 1 s and 0.5 s, from each commit's decision time
+    d.commit(ticket(priority=0), b, decision(now=7.0))  # one running, the limit 1: it waits for the release
+    waiting = entry(ticket(priority=0))
+    # held 1 s and 0.5 s, from each commit's decision time: one slot frees every 0.75 s
+    assert d.slot_wait(waiting, [b], decision(limit=1), 7.0, 30.0) == 0.75
 
 
 def _ten_slots(reserve_hold_s: float | None, clock: FakeClock) -> PoolScheduler:
@@ -182,7 +192,7 @@ async def test_scheduler_keeps_headroom_for_the_top_band_and_for_a_light_tenant_
     assert [t.done() for t in heavy[8:]] == [True, True] and b.active == 8
     for t in heavy[2:]:
         t.result().release(None, "ok")
-    assert s.dispatcher.holdings.tenants() == set() and b.active == 0
+    assert s.dispatcher.seated() == set() and b.active == 0
 
 
 async def test_the_band_reserve_is_held_only_for_a_while_after_a_top_band_request() -> None:

@@ -8,16 +8,15 @@ import math
 
 import pytest
 
-from gateway.admission.decision import Decision
+from gateway.admission.decision import Decision, SlotRule
 from gateway.admission.dispatch import Dispatcher
 from gateway.admission.fairness import VirtualTokenCounters
 from gateway.admission.queue import SLOQueue
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import PoolBudgets
-from gateway.admission.slots import SlotRule
 from gateway.admission.standing import RecentService
 from gateway.ticket import Usage
-from tests.admission.helpers import FakeClock, backends, decision, entry, policy, settle, ticket
+from tests.admission.helpers import FakeClock, backends, decision, entry, miss, policy, settle, ticket
 
 METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_fraction=1.0)
 TWO = {5: {"light": 1.0, "heavy": 1.0}}  # both tenants waiting or running at band 5, equal weights
@@ -28,8 +27,10 @@ def _under(r: RecentService, tenant: str, present: dict[str, float]) -> bool:
     return r.below(tenant, r.totals(present, 0.0, 60.0), 0.0, 60.0)
 
 
-def _dispatcher() -> Dispatcher:
-    return Dispatcher(engine_priorities=True)
+def _dispatcher(engine_priorities: bool = True) -> tuple[Dispatcher, RecentService]:
+    """A dispatcher and the tenants' recent service it judges standing by (the scheduler's to charge)."""
+    recent = RecentService()
+    return Dispatcher(engine_priorities=engine_priorities, recent=recent), recent
 
 
 def _ctx(
@@ -49,8 +50,9 @@ def test_recent_service_decays_and_dates_corrections_at_the_dispatch() -> None:
     assert r.value("a", 10.0, 10.0) == pytest.approx(1500 / math.e)
     r.forget(100.0, 10.0)  # 1500 · e^-10 ≈ 0.07: kept
     assert r.value("a", 100.0, 10.0) == pytest.approx(1500 * math.exp(-10))
-    r.forget(400.0, 10.0)  # e^-40 of it is below the floor: forgotten, and reads as nothing
-    assert r._service == {} and r.value("a", 400.0, 10.0) == 0.0
+    kept = r.version
+    r.forget(400.0, 10.0)  # e^-40 of it is below the floor: forgotten (a change), and reads as nothing
+    assert r.version == kept + 1 and r.value("a", 400.0, 10.0) == 0.0
 
 
 def test_under_share_compares_with_the_weighted_average_of_the_present_tenants() -> None:
@@ -68,29 +70,30 @@ def test_under_share_compares_with_the_weighted_average_of_the_present_tenants()
 
 
 def test_under_share_needs_fewer_slots_and_less_recent_service_than_the_share() -> None:
-    d, ctx = _dispatcher(), _ctx(slots=8)  # each tenant's share: 4 slots
+    (d, recent), ctx = _dispatcher(), _ctx(slots=8)  # each tenant's share: 4 slots
     b = backends(1)[0]
-    d.standing.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
-    d.standing.recent.charge("light", 1000.0, now=0.0, window_s=60.0)
-    assert d.standing.under_share(5, "light", ctx) and not d.standing.under_share(5, "heavy", ctx)
-    for _ in range(4):
-        d.holdings.add(b.url, ticket(tenant="light"))
-    assert not d.standing.under_share(5, "light", ctx)  # at its slot share, however little it was served
-    d.holdings.remove(b.url, ticket(tenant="light"))
-    assert d.standing.under_share(5, "light", ctx)
+    recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    recent.charge("light", 1000.0, now=0.0, window_s=60.0)
+    assert d.under_share(5, "light", ctx) and not d.under_share(5, "heavy", ctx)
+    running = [ticket(tenant="light") for _ in range(4)]
+    for t in running:
+        d.commit(t, b, ctx)
+    assert not d.under_share(5, "light", ctx)  # at its slot share, however little it was served
+    d.release(running[0], b, 0.0)
+    assert d.under_share(5, "light", ctx)
     ctx = decision(rule=SlotRule(tenant_fraction=0.0, present=TWO), pool_slots=8)
-    assert not d.standing.under_share(5, "light", ctx)  # no tenant headroom configured: no standing either
+    assert not d.under_share(5, "light", ctx)  # no tenant headroom configured: no standing either
 
 
 def test_a_late_arrival_under_its_share_joins_a_grouped_round_once_over_share_waits() -> None:
     """A grouped round holds late arrivals of its band for the next round; a tenant under its share
     ranks above the band (it goes first in the queue too), so its late arrival joins at once — and raises
     the bar, so a second one waits like anyone."""
-    d, ctx = _dispatcher(), _ctx()
-    d.standing.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
-    d.rounds.open(10.0, grouped=True, top_band=5)
+    (d, recent), ctx = _dispatcher(), _ctx()
+    recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    d.open_round(10.0, grouped=True, top_band=5)
     late_heavy, late_light = (entry(ticket(tenant=t, priority=5), now=10.01) for t in ("heavy", "light"))
-    assert d.standing.rank(late_light.ticket, ctx) == 5.5 and d.standing.rank(late_heavy.ticket, ctx) == 5
+    assert d.ask(late_light.ticket, ctx).rank == 5.5 and d.ask(late_heavy.ticket, ctx).rank == 5
     assert d.joins_round(late_light, ctx) and not d.joins_round(late_heavy, ctx)
     d.commit(late_light.ticket, backends(1)[0], ctx)
     assert d.rounds.bar == 5.5
@@ -101,30 +104,32 @@ def test_a_late_arrival_under_its_share_joins_a_grouped_round_once_over_share_wa
 
 
 def test_engine_priority_is_twice_the_band_plus_one_under_share_and_zero_when_engines_ignore_it() -> None:
-    d, ctx = _dispatcher(), _ctx()
-    d.standing.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
-    assert d.standing.engine_priority(ticket(tenant="light", priority=5), ctx) == 11
-    assert d.standing.engine_priority(ticket(tenant="heavy", priority=5), ctx) == 10
-    assert d.standing.engine_priority(ticket(tenant="heavy", priority=0), ctx) == 0
-    d.standing.engine_priorities = False
-    assert d.standing.engine_priority(ticket(tenant="light", priority=5), ctx) == 0
+    (d, recent), ctx = _dispatcher(), _ctx()
+    recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    assert d.ask(ticket(tenant="light", priority=5), ctx).engine_priority == 11
+    assert d.ask(ticket(tenant="heavy", priority=5), ctx).engine_priority == 10
+    assert d.ask(ticket(tenant="heavy", priority=0), ctx).engine_priority == 0
+    ignoring, its_recent = _dispatcher(engine_priorities=False)
+    its_recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    light = ticket(tenant="light", priority=5)
+    assert ignoring.ask(light, ctx).rank == 5.5 and ignoring.ask(light, ctx).engine_priority == 0
 
 
 def test_prefill_is_metered_per_engine_priority_and_carried_from_the_top_down() -> None:
-    d, ctx = _dispatcher(), _ctx(budgets=METERED)
+    (d, recent), ctx = _dispatcher(), _ctx(budgets=METERED)
     b = backends(1)[0]
-    d.standing.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
-    d.rounds.open(0.0, budgets=METERED)
+    recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    d.open_round(0.0, budgets=METERED)
     assert d.commit(ticket(tenant="heavy", prompt=2500), b, ctx) == 10  # alone into the empty round
     # the heavy tenant's 2500 tokens run after a light request in the engine: they do not meter it
-    assert d.shared_budget_miss(ticket(tenant="heavy", prompt=1), b, ctx) == "round_prefill"
-    assert d.shared_budget_miss(ticket(tenant="light", prompt=1000), b, ctx) is None
+    assert miss(d, ticket(tenant="heavy", prompt=1), b, ctx) == "round_prefill"
+    assert miss(d, ticket(tenant="light", prompt=1000), b, ctx) is None
     assert d.commit(ticket(tenant="light", prompt=600), b, ctx) == 11
-    assert d.shared_budget_miss(ticket(tenant="light", prompt=401), b, ctx) == "round_prefill"
+    assert miss(d, ticket(tenant="light", prompt=401), b, ctx) == "round_prefill"
     assert d.rounds.released(b.url) == 3100 and d.rounds.released(b.url, 11) == 600
-    d.rounds.open(0.1, budgets=METERED)  # one round paid 1000: the 600 at 11 first, then 400 of the 2500
+    d.open_round(0.1, budgets=METERED)  # one round paid 1000: the 600 at 11 first, then 400 of the 2500
     assert d.rounds.prefill == {b.url: {10: 2100}}
-    d.rounds.open(0.3, budgets=METERED)
+    d.open_round(0.3, budgets=METERED)
     assert d.rounds.prefill == {b.url: {10: 100}}
 
 
@@ -175,15 +180,15 @@ async def test_a_light_tenant_overtakes_a_heavy_backlog_and_gets_the_higher_engi
 def test_under_share_sees_a_charge_made_at_the_same_instant_and_a_new_rule() -> None:
     """The present tenants' totals are kept between questions (one sum per band, not per tenant): a
     dispatch's charge at the same clock reading and a rebuilt rule must both invalidate them."""
-    d, ctx = _dispatcher(), _ctx(slots=8)
-    d.standing.recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
-    assert d.standing.under_share(5, "light", ctx) and not d.standing.under_share(5, "heavy", ctx)
-    d.standing.recent.charge("light", 9000.0, now=0.0, window_s=60.0)  # same `now`: only the charge changed
-    assert not d.standing.under_share(5, "light", ctx) and d.standing.under_share(5, "heavy", ctx)
+    (d, recent), ctx = _dispatcher(), _ctx(slots=8)
+    recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
+    assert d.under_share(5, "light", ctx) and not d.under_share(5, "heavy", ctx)
+    recent.charge("light", 9000.0, now=0.0, window_s=60.0)  # same `now`: only the charge changed
+    assert not d.under_share(5, "light", ctx) and d.under_share(5, "heavy", ctx)
     ctx = _ctx(present={5: {"light": 1.0, "heavy": 1.0, "idle": 1.0}})
     # a third tenant present with no service lowers the average to (9000 + 5000 + 0) / 3: heavy is no
     # longer under it (the old totals, 7000, would still say it is), the idle one is
-    assert not d.standing.under_share(5, "heavy", ctx) and d.standing.under_share(5, "idle", ctx)
-    assert d.standing.under_share(
+    assert not d.under_share(5, "heavy", ctx) and d.under_share(5, "idle", ctx)
+    assert d.under_share(
         5, "newcomer", ctx
     )  # absent from the rule: counted with its own weight and no service

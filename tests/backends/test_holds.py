@@ -6,7 +6,7 @@ import pytest
 
 from gateway.backends.holds import Hold, Holds, predicted_end
 from gateway.backends.state import BackendState
-from gateway.ticket import Cost, Ticket, Usage
+from gateway.ticket import Cost, Relayed, Ticket, Usage
 
 URL = "http://b:1"
 
@@ -90,10 +90,12 @@ def _ticket(**kw: object) -> Ticket:
 
 
 def test_the_predicted_end_is_the_rest_of_the_expected_answer_at_the_streams_pace() -> None:
-    t = _ticket(usage=Usage(50, 21), first_token_at=1.0, last_token_at=3.0)  # 20 gaps of 0.1 s
+    t = _ticket(
+        usage=Usage(50, 21), relayed=Relayed(first_token_at=1.0, last_token_at=3.0)
+    )  # 20 gaps of 0.1 s
     assert predicted_end(t, now=5.0, latest=1000.0, paced=True) == pytest.approx(5.0 + 79 * 0.1)
     assert predicted_end(t, now=5.0, latest=8.0, paced=True) == 8.0
-    longer = _ticket(usage=Usage(50, 151), first_token_at=1.0, last_token_at=16.0)
+    longer = _ticket(usage=Usage(50, 151), relayed=Relayed(first_token_at=1.0, last_token_at=16.0))
     assert predicted_end(longer, now=20.0, latest=1000.0, paced=True) == pytest.approx(
         20.1
     )  # past its estimate
@@ -104,7 +106,7 @@ def test_the_predicted_end_is_the_rest_of_the_expected_answer_at_the_streams_pac
     "ticket",
     [
         _ticket(),  # a whole answer, or a stream cut before any token
-        _ticket(usage=Usage(50, 1), first_token_at=1.0, last_token_at=1.0),
+        _ticket(usage=Usage(50, 1), relayed=Relayed(first_token_at=1.0, last_token_at=1.0)),
     ],
 )
 def test_without_a_pace_the_hold_lasts_to_the_total_deadline(ticket: Ticket) -> None:

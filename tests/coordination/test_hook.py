@@ -29,7 +29,7 @@ async def test_a_replica_dispatches_within_its_share_of_the_engine() -> None:
     ctx = s.decision(FIXED_8.admission)
     assert ctx.limits == {pool[0].url: 2}
     assert ctx.budgets.prefill_tokens_per_round == FIXED_8.admission.budgets.prefill_tokens_per_round // 4
-    assert s._capacity() == pytest.approx(1 / 3)  # at least an even split of the 3 replicas
+    assert s.capacity() == pytest.approx(1 / 3)  # at least an even split of the 3 replicas
     (backend,) = s.snapshot()["backends"]
     assert (backend["limit"], backend["shared"]["engine_limit"], backend["shared"]["share"]) == (2, 8, 2)
     for t in tasks[:2]:
@@ -94,7 +94,7 @@ async def test_a_flood_below_a_peers_top_rank_is_shielded_as_on_one_replica() ->
     alone = _shared(clock)
     assert await _lows(alone, 300) == [True, True, True]  # no higher rank seen: nothing to shield
     s = _shared(clock)
-    s.dispatcher.shield.peers(10.0, clock() + 3.0)  # a peer serves band 10 on the same engine
+    s.peers_shield(10.0, clock() + 3.0)  # a peer serves band 10 on the same engine
     assert await _lows(s, 300) == [True, False, False]  # 300 not started + 300 > 512
     assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "prefill_shield"}
     assert s.shield_top() == 0.0  # what this replica reports: its own ranks only
@@ -103,13 +103,13 @@ async def test_a_flood_below_a_peers_top_rank_is_shielded_as_on_one_replica() ->
 async def test_a_flood_below_a_peers_top_rank_is_spaced_and_the_report_expires() -> None:
     clock = FakeClock()
     s = _shared(clock)
-    s.dispatcher.shield.peers(10.0, clock() + 3.0)
+    s.peers_shield(10.0, clock() + 3.0)
     first = await spawn(s, ticket(priority=0, prompt=2000))
     first.result().started()  # its prefill began: the shield lets the next big one go alone...
     second = await spawn(s, ticket(priority=0, prompt=2000))
     assert not second.done()  # ...only at its spaced turn
     assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "shield_duty"}
-    s.dispatcher.shield.peers(None, clock() + 3.0)  # the peer's band-10 work is over
+    s.peers_shield(None, clock() + 3.0)  # the peer's band-10 work is over
     s.pump()
     await settle()
     assert second.done()
@@ -122,10 +122,10 @@ async def test_a_replica_above_its_peers_top_rank_meters_the_whole_round_budget(
     (await spawn(s, ticket(priority=10, prompt=100))).result().release()
     assert s.shield_top() == 10.0
     assert s.decision(SHIELDED.admission).budgets.prefill_tokens_per_round == whole // 4  # no peer report
-    s.dispatcher.shield.peers(0.0, clock() + 3.0)  # the peers' work ranks below ours: ours goes first
+    s.peers_shield(0.0, clock() + 3.0)  # the peers' work ranks below ours: ours goes first
     assert s.decision(SHIELDED.admission).budgets.prefill_tokens_per_round == whole
-    s.dispatcher.shield.peers(10.0, clock() + 3.0)  # a peer at our rank: the engine shares it
+    s.peers_shield(10.0, clock() + 3.0)  # a peer at our rank: the engine shares it
     assert s.decision(SHIELDED.admission).budgets.prefill_tokens_per_round == whole // 4
-    s.dispatcher.shield.peers(0.0, clock() + 3.0)
+    s.peers_shield(0.0, clock() + 3.0)
     clock.advance(3.0)  # the peers' report outlived its lease
     assert s.decision(SHIELDED.admission).budgets.prefill_tokens_per_round == whole // 4

@@ -10,7 +10,7 @@ from gateway.observability import record
 from gateway.observability.accesslog import AccessLog, access_record
 from gateway.observability.metrics import REGISTRY
 from gateway.observability.rolling import ClassStats
-from gateway.ticket import Cost, Ticket, Usage
+from gateway.ticket import Cost, Ending, Outcome, Relayed, Ticket, Usage
 from tests.observability.exposition import exported_names, label_names, label_sets
 
 REGISTRY_README = Path(__file__).resolve().parents[2] / "gateway" / "observability" / "README.md"
@@ -22,8 +22,9 @@ def _ticket(tenant: str, outcome: str = "ok") -> Ticket:
     t.priority, t.band, t.bucket, t.job_id = 10, "high", "single_image", "job-1"
     t.backend = "http://user:pw@10.0.0.1:30000"
     t.cost = Cost(text_tokens=100, vision_tokens=300, expected_output_tokens=50, images=1, remote_media=1)
-    t.dispatched_at, t.first_token_at, t.finished_at = 100.25, 100.75, 102.75
-    t.usage, t.outcome = Usage(prompt_tokens=500, completion_tokens=101), outcome
+    t.dispatched_at, t.finished_at = 100.25, 102.75
+    t.relayed = Relayed(first_token_at=100.75, finished_at=102.75)
+    t.usage, t.ending = Usage(prompt_tokens=500, completion_tokens=101), Ending(Outcome(outcome))
     return t
 
 
@@ -147,7 +148,9 @@ def test_access_log_samples_successes_only_and_times_unfinished_tickets_by_the_c
     log = AccessLog(0.25, write=lines.append, clock=lambda: 101.5, wall=lambda: 0.0, rand=lambda: next(draws))
     assert log.log(_ticket("a"), 200) is False  # 0.3 >= 0.25: sampled out
     assert log.log(_ticket("a"), 200) is True  # 0.1 < 0.25
-    rejected = Ticket(id="r", model="m", stream=False, arrival=100.0, outcome="rejected", error_code="quota")
+    rejected = Ticket(
+        id="r", model="m", stream=False, arrival=100.0, ending=Ending(Outcome.REJECTED, error_code="quota")
+    )
     assert log.log(rejected, 429) is True  # never sampled out, no random draw needed
     rec = orjson.loads(lines[-1])
     assert (rec["status"], rec["duration_ms"], rec["queue_ms"], rec["ttft_ms"]) == (429, 1500.0, None, None)

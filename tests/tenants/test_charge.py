@@ -13,12 +13,12 @@ from gateway.estimate.text import estimate_text_tokens
 from gateway.sse import SSERelay, whole_answer_tokens
 from gateway.stream_end import reported_usage
 from gateway.tenants.charge import Inferred, billable, charged_prompt, infer, left_waiting
-from gateway.ticket import Cost, Outcome, Prefill, Ticket, Usage
+from gateway.ticket import Cost, Ending, Outcome, Prefill, Ticket, Usage
 
 
 def _ticket(outcome: Outcome = Outcome.PENDING, reached: bool = True) -> Ticket:
     t = Ticket(id="r", model="m", stream=True, arrival=0.0, cost=Cost(text_tokens=100, vision_tokens=900))
-    t.outcome, t.reached_engine = outcome, reached
+    t.ending, t.reached_engine = Ending(outcome), reached
     return t
 
 
@@ -50,7 +50,7 @@ def test_leaving_before_the_first_byte_pays_the_priced_prompt() -> None:
 )
 def test_an_inferred_charge_says_why(outcome: Outcome, reason: Inferred) -> None:
     t = _ticket(outcome)
-    assert infer(t, 17) == Usage(1000, 17) and t.usage_inferred == reason
+    assert infer(t, 17, outcome) == Usage(1000, 17) and t.usage_inferred == reason
     assert billable(t) == Usage(1000, 17)  # inferred once; billable keeps it
 
 
@@ -58,7 +58,8 @@ def test_a_guessed_prompt_is_the_lesser_of_the_price_and_the_engines_predicted_c
     over, under = _ticket(Outcome.CANCELLED), _ticket(Outcome.CANCELLED)
     over.prefill = Prefill(1, 0.0, 0.1, 1200)  # the engine counts prompts of its kind above our price
     under.prefill = Prefill(1, 0.0, 0.1, 800)
-    assert infer(over, 3) == Usage(1000, 3) and infer(under, 3) == Usage(800, 3)
+    cut = Outcome.CANCELLED
+    assert infer(over, 3, cut) == Usage(1000, 3) and infer(under, 3, cut) == Usage(800, 3)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from gateway.tenants.outbox import Entry, Outbox
 from gateway.tenants.quota import Charge
 from gateway.tenants.service import Reservation, TenantService
 from gateway.tenants.sqlite_store import SQLiteStore
-from gateway.ticket import Outcome, Ticket, Usage
+from gateway.ticket import Ending, Outcome, Ticket, Usage
 from tests.tenants.conftest import FakeClock
 
 
@@ -94,10 +94,10 @@ async def test_measuring_never_depends_on_the_reconcile() -> None:
 
     finish = Finish(_Failing(), measure, clock=lambda: 5.0)  # type: ignore[arg-type]
     ticket = Ticket(id="r1", model="m", stream=False, arrival=0.0)
-    ticket.outcome, ticket.usage = Outcome.OK, Usage(3, 4)
+    ticket.usage = Usage(3, 4)
     reservation = Reservation("x", None, None, 0.0)  # type: ignore[arg-type]
-    await finish(ticket, reservation, 200, None)
-    assert measured == ["r1"]
+    await finish(ticket, Ending(), reservation, 200, None)
+    assert measured == ["r1"] and ticket.outcome == Outcome.OK
 
 
 async def test_an_outbox_file_that_cannot_be_written_keeps_entries_in_memory(tmp_path: Path) -> None:
