@@ -1,9 +1,9 @@
 """Ledger chaos benchmark: does every tenant pay for exactly the work the engines did, whatever happens?
 
-    .venv/bin/python bench/ledger.py                          # both stores, 60 s each (~3 min)
-    .venv/bin/python bench/ledger.py --stores redis --duration 20
-    .venv/bin/python bench/ledger.py --workload images --max-running-requests 16
-    .venv/bin/python bench/ledger.py --url http://127.0.0.1:30000 --stores sqlite   # a running SGLang
+    .venv/bin/python -m bench.ledger                          # both stores, 60 s each (~3 min)
+    .venv/bin/python -m bench.ledger --stores redis --duration 20
+    .venv/bin/python -m bench.ledger --workload images --max-running-requests 16
+    .venv/bin/python -m bench.ledger --url http://127.0.0.1:30000 --stores sqlite   # a running SGLang
 
 The reference is the engine's own count, `sglang:prompt_tokens_total + sglang:generation_tokens_total`
 (what it ran: a request's whole prompt once its prefill started, every token it generated; counted when
@@ -55,9 +55,7 @@ import orjson
 import redis as redis_client
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._servers import Procs, free_port, wait_http
+from bench.common.servers import Procs, free_port, wait_http
 
 MODEL = "qwen2.5-omni-7b"
 ADMIN = "bench-ledger-admin"

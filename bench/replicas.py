@@ -1,7 +1,7 @@
 """Replicas benchmark: 1, 2 and 3 gateway replicas on one Redis in front of the same simulated engines.
 
-    .venv/bin/python bench/replicas.py                  # every scenario, ~6–8 min on the 2-core box
-    .venv/bin/python bench/replicas.py --scenarios sawtooth --replicas 1,2 --duration 60
+    .venv/bin/python -m bench.replicas                  # every scenario, ~6–8 min on the 2-core box
+    .venv/bin/python -m bench.replicas --scenarios sawtooth --replicas 1,2 --duration 60
 
 The house is `bench/scheduling.py`'s (its engines, its time-scaled default policy, its load and metrics),
 plus a private `redis-server` that every replica's `store` points at: the replicas share the tenants,
@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import re
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -41,9 +40,7 @@ from typing import Any
 import httpx
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._servers import ROOT, Procs, free_port
+from bench.common.servers import ROOT, Procs, free_port
 from bench.scheduling import (
     HEADER,
     MIX_CAPACITY,
@@ -59,7 +56,7 @@ from bench.scheduling import (
     verdict,
     workload,
 )
-from gateway.policy import load_policy
+from gateway.livepolicy.policy import load_policy
 from loadtest.workload import Workload
 
 STATE_HEADERS = {"authorization": "Bearer bench"}

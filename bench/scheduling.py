@@ -1,7 +1,7 @@
 """Scheduling benchmark: does omnigate's admission beat clients going straight to the engine?
 
-    .venv/bin/python bench/scheduling.py                       # every scenario, a few minutes
-    .venv/bin/python bench/scheduling.py --scenarios compare --workloads seed --duration 120
+    .venv/bin/python -m bench.scheduling                       # every scenario, a few minutes
+    .venv/bin/python -m bench.scheduling --scenarios compare --workloads seed --duration 120
 
 Simulated SGLang Omni backends (`python -m loadtest.sim`, default profile, engine cap 64, priority
 scheduling) run `--time-scale` times faster than real time; the gateway is a real `omnigate serve`
@@ -57,11 +57,9 @@ import httpx
 import orjson
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._conversations import drive, plan
-from bench._servers import ROOT, Procs, cpu_seconds, free_port, wait_http
-from gateway.policy import Policy, load_policy
+from bench.common.conversations import drive, plan
+from bench.common.servers import ROOT, Procs, cpu_seconds, free_port, wait_http
+from gateway.livepolicy.policy import Policy, load_policy
 from loadtest.media import MediaCache
 from loadtest.metrics import meets_slo, percentile, summarize
 from loadtest.records import RequestRecord
@@ -177,7 +175,7 @@ class House:
             budgets = policy["budgets"]
             own = {key: value for key, value in budgets.items() if key != "pools"}
             budgets["pools"] = {"interactive": {**own, "lend": lend}}
-        else:  # one pool: offline work runs on it (a policy may name no other: gateway/policy_refs.py)
+        else:  # one pool: offline work runs on it (a policy may name no other: gateway/livepolicy/refs.py)
             policy["queue"]["classes"]["offline"]["pool"] = "interactive"
             policy["window"]["accumulate"].pop("offline")
         (work / f"{name}-policy.yaml").write_text(yaml.safe_dump(policy))

@@ -1,7 +1,7 @@
 """Soak benchmark: does a gateway under moderate, misbehaving load for a long time stay flat?
 
-    .venv/bin/python bench/soak.py                     # 10 minutes
-    .venv/bin/python bench/soak.py --duration 60 --check
+    .venv/bin/python -m bench.soak                     # 10 minutes
+    .venv/bin/python -m bench.soak --duration 60 --check
 
 One `omnigate serve` (SQLite store, access log on, as deployed) in front of two simulated SGLang engines;
 three tenants' clients send text and image chats, streamed and whole, and leave at random points
@@ -27,9 +27,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._servers import Procs, free_port, wait_http
+from bench.common.servers import Procs, free_port, wait_http
 from bench.ledger import ADMIN, MODEL, TENANTS, Tally, _settled, _start_sims, _tenant
 
 FD_SLACK = 16  # descriptors that may come and go with keep-alive connections and the engines' health checks

@@ -43,7 +43,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway import replicas
+from gateway.coordination import registry as replicas
 from gateway.tenants import metrics
 from gateway.tenants.failopen import Known
 from gateway.tenants.models import KeyRecord, Quotas, TenantSpec

@@ -24,9 +24,9 @@ from gateway.admission.settings import (
 )
 from gateway.backends.settings import CircuitPolicy
 from gateway.estimate.settings import BucketPolicy, EstimationPolicy
-from gateway.estimate.urlpolicy import MediaUrlPolicy
 from gateway.observability.settings import AlertThresholds
-from gateway.schema import Frozen, FrozenDict, describe
+from gateway.request.media_urls import MediaUrlPolicy
+from gateway.settings.schema import Frozen, FrozenDict, describe
 from gateway.tenants.settings import TenantDefaults
 
 

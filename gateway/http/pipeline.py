@@ -2,9 +2,9 @@
 straight line.
 
 read + validate → route to pool → (admission stages) → acquire a backend → open upstream (retry once before
-the first byte) → relay → end of the relay: its one result (`Relayed`, gateway/ticket.py) sets the ticket,
-the usage, the learners and releases the lease → finish: the outcome, the charge, the measures. A client
-disconnect at any point cancels the line; the `finally` releases whatever the request held.
+the first byte) → relay → end of the relay: its one result (`Relayed`, gateway/request/ticket.py) sets the
+ticket, the usage, the learners and releases the lease → finish: the outcome, the charge, the measures. A
+client disconnect at any point cancels the line; the `finally` releases whatever the request held.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
 
-from gateway.asgi import send_error, send_json
-from gateway.errors import ApiError, ErrorCode
+from gateway.http.asgi import send_error, send_json
+from gateway.http.stream_end import read_to_usage, reported_usage
 from gateway.observability import metrics, record
 from gateway.observability.record import latencies
-from gateway.openai_api import Endpoint, ParsedRequest, parse_request, read_body
-from gateway.proxy import (
+from gateway.relay.proxy import (
     Deadlines,
     OpenUpstream,
     TruncatedStream,
@@ -37,20 +36,21 @@ from gateway.proxy import (
     UpstreamTimeout,
     open_upstream,
 )
+from gateway.relay.sse import SSERelay, error_event, leading_error, whole_answer_tokens
+from gateway.relay.upstream import Response
+from gateway.request.errors import ApiError, ErrorCode
+from gateway.request.openai_api import Endpoint, ParsedRequest, parse_request, read_body
+from gateway.request.ticket import Ending, Outcome, Relayed, Ticket, Usage
 from gateway.speech.events import SPEECH_FORMAT_HEADERS, SPEECH_HEADERS, read_json, speech_seconds
 from gateway.speech.meter import SpeechMeter
 from gateway.speech.pcm import PcmFormat
-from gateway.sse import SSERelay, error_event, leading_error, whole_answer_tokens
-from gateway.stream_end import read_to_usage, reported_usage
 from gateway.tenants.charge import infer, left_waiting
-from gateway.ticket import Ending, Outcome, Relayed, Ticket, Usage
-from gateway.upstream import Response
 
 if TYPE_CHECKING:
     from gateway.admission.scheduler import Lease
     from gateway.backends.pool import Pool
     from gateway.backends.state import BackendState
-    from gateway.replica import Gateway
+    from gateway.process.replica import Gateway
     from gateway.tenants.service import Reservation
 
 log = logging.getLogger("omnigate.pipeline")
@@ -71,8 +71,8 @@ def engine_latencies(ticket: Ticket) -> tuple[float | None, float | None]:
     the whole generation for one would read as a huge prefill and a missed TTFT SLO, and shrink the
     limit to its minimum under non-streaming traffic) and, as its TPOT, the time from dispatch per output
     token: an upper bound (prefill and engine queueing included) that still rises with the batch. An answer
-    that speaks gives no TPOT: its end is the talker's pace (its real-time factor, gateway/admission/stages.py
-    reads it), not the thinker's decode."""
+    that speaks gives no TPOT: its end is the talker's pace (its real-time factor,
+    gateway/admission/engine_stages.py reads it), not the thinker's decode."""
     if ticket.voice is not None:
         ttft = None
         if ticket.stream and ticket.first_token_at is not None and ticket.dispatched_at is not None:

@@ -1,6 +1,6 @@
 """The composition root of one gateway replica: builds every part once, wires them, runs their loops.
 
-A request's way is one straight line — cli → app → pipeline (gateway/pipeline.py) → the stages here:
+A request's way is one straight line — cli → app → pipeline (gateway/http/pipeline.py) → the stages here:
 `authenticate` → `admit` → the pool's scheduler (queue, dispatch) → proxy → `finish`. The stages are small
 objects of their own (gateway/stages/); `live` renders state (gauges, alert inputs, /admin/state).
 """
@@ -15,26 +15,26 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from gateway.admission.engine_stages import StageBook
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import AdmissionSettings
-from gateway.admission.stages import StageBook
 from gateway.backends.circuit import CircuitState, Transition
 from gateway.backends.kinds.base import BackendKind
 from gateway.backends.pool import Pool
 from gateway.backends.settings import CircuitPolicy
-from gateway.config import ConfigError, GatewayConfig
 from gateway.coordination.coordinator import Coordinator
-from gateway.drain import Drain
+from gateway.coordination.registry import replica_name
 from gateway.estimate.estimator import Estimator
-from gateway.livestate import LiveState
+from gateway.livepolicy.policy import Policy
+from gateway.livepolicy.refs import check_refs
+from gateway.livepolicy.reloader import PolicyHolder
 from gateway.observability import record
 from gateway.observability.accesslog import AccessLog
 from gateway.observability.manager import AlertManager
 from gateway.observability.rolling import SloTracker
-from gateway.policy import Policy
-from gateway.policy_refs import check_refs
-from gateway.reloader import PolicyHolder
-from gateway.replicas import replica_name
+from gateway.process.drain import Drain
+from gateway.process.livestate import LiveState
+from gateway.settings.config import ConfigError, GatewayConfig
 from gateway.stages.admit import Admit
 from gateway.stages.authenticate import Authenticate
 from gateway.stages.finish import Finish

@@ -9,10 +9,10 @@ from typing import Any
 
 from gateway.admission.scheduler import PoolScheduler
 from gateway.backends.pool import Pool
+from gateway.livepolicy.reloader import PolicyHolder
 from gateway.observability import record
 from gateway.observability.rolling import SloTracker
 from gateway.observability.rules import AlertInputs
-from gateway.reloader import PolicyHolder
 from gateway.stages.measure import Measure
 
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from gateway.admission.dispatch import Dispatcher
+from gateway.admission.engine_stages import StageBook
 from gateway.admission.families import Ask
 from gateway.admission.settings import StagePolicy
-from gateway.admission.stages import StageBook
 from gateway.backends.kinds import adapter_for
 from gateway.backends.state import BackendState
-from gateway.config import PoolConfig
+from gateway.request.ticket import Cost, Relayed, Ticket
+from gateway.settings.config import PoolConfig
 from gateway.speech.meter import SpeechMeter
-from gateway.ticket import Cost, Relayed, Ticket
 from tests.admission.helpers import decision, entry, miss
 
 CTX = decision()

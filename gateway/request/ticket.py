@@ -72,7 +72,8 @@ class Cost:
 
 
 class StreamSpeed(Protocol):
-    """What admission reads of a streaming answer's audio (the stage budgets, gateway/admission/stages.py)."""
+    """What admission reads of a streaming answer's audio (the stage budgets,
+    gateway/admission/engine_stages.py)."""
 
     def speed(self, now: float) -> float | None:
         """Audio seconds per wall second the stream gets now; None before it shows one."""
@@ -158,7 +159,7 @@ class Ticket:
     stream: bool
     arrival: float
     tenant: str = "anonymous"
-    endpoint: str = "chat"  # the route's endpoint (gateway/openai_api.py: Endpoint)
+    endpoint: str = "chat"  # the route's endpoint (gateway/request/openai_api.py: Endpoint)
     pool: str = ""
     traffic_class: str = "interactive"
     priority: int = 0

@@ -13,7 +13,7 @@ from collections.abc import Collection, Iterator, Mapping
 
 from pydantic import BaseModel
 
-from gateway.policy import Policy, PolicyError
+from gateway.livepolicy.policy import Policy, PolicyError
 
 
 def _written(model: BaseModel, *path: str) -> bool:

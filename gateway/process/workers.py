@@ -4,7 +4,7 @@ The kernel spreads connections between the processes (SO_REUSEPORT: each binds t
 no process forwards another's traffic. They are replicas like those on other hosts: one Redis store
 shares the tenants, quotas and the engines' budgets (gateway/coordination/), which is why more than one
 worker needs a Redis store. The parent only supervises: it starts the workers, passes SIGTERM / SIGINT on
-(each drains, gateway/drain.py), and ends with the first non-zero exit code; a worker that dies is not
+(each drains, gateway/process/drain.py), and ends with the first non-zero exit code; a worker that dies is not
 restarted: the others are stopped and the supervisor exits, for the orchestrator to restart the whole
 pod. Workers die with the supervisor, even when it is killed.
 """
@@ -20,7 +20,7 @@ import sys
 import time
 from types import FrameType
 
-from gateway.config import GatewayConfig
+from gateway.settings.config import GatewayConfig
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 

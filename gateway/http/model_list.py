@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from gateway.errors import ApiError, ErrorCode
+from gateway.request.errors import ApiError, ErrorCode
 
 
 def _card(model_id: str, root: str | None = None) -> dict[str, Any]:

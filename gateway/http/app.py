@@ -16,16 +16,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.admin_auth import require_admin
-from gateway.asgi import RequestIdMiddleware
-from gateway.config import GatewayConfig
-from gateway.errors import ApiError, ErrorCode
-from gateway.model_list import model_card, model_cards
+from gateway.http.asgi import RequestIdMiddleware
+from gateway.http.model_list import model_card, model_cards
+from gateway.http.pipeline import CompletionEndpoint
+from gateway.livepolicy.reloader import PolicyHolder
 from gateway.observability import metrics
-from gateway.openai_api import Endpoint
-from gateway.pipeline import CompletionEndpoint
-from gateway.reloader import PolicyHolder
-from gateway.replica import Gateway
+from gateway.process.replica import Gateway
+from gateway.request.admin_auth import require_admin
+from gateway.request.errors import ApiError, ErrorCode
+from gateway.request.openai_api import Endpoint
+from gateway.settings.config import GatewayConfig
 from gateway.tenants.admin import admin_routes, usage_route
 
 log = logging.getLogger("omnigate")
@@ -76,8 +76,8 @@ def _routes(gw: Gateway) -> list[BaseRoute]:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        """Every pool has a backend up, the replica is not draining (SIGTERM: gateway/drain.py), and the
-        tenant store is usable (or down under fail-open: the replica serves under local limits)."""
+        """Every pool has a backend up, the replica is not draining (SIGTERM: gateway/process/drain.py), and
+        the tenant store is usable (or down under fail-open: the replica serves under local limits)."""
         pools = {name: pool.ready() for name, pool in gw.pools.items()}
         store_ok, store = gw.tenants.readiness()
         ok = all(pools.values()) and not gw.drain.draining and store_ok

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 import anyio
 import orjson
 
-from gateway.sse import SSERelay
-from gateway.ticket import Usage
-from gateway.upstream import Response, UpstreamIOError
+from gateway.relay.sse import SSERelay
+from gateway.relay.upstream import Response, UpstreamIOError
+from gateway.request.ticket import Usage
 
 if TYPE_CHECKING:
     from gateway.backends.pool import Pool

@@ -2,7 +2,7 @@
 them, so the row measures what tracing costs the gateway (spans built, batched, encoded, posted), not a
 collector. Prints `PORT n` once listening.
 
-    python bench/_otlp_sink.py
+    python -m bench.common.otlp_sink
 """
 
 from __future__ import annotations

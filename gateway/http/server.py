@@ -2,8 +2,8 @@
 
 uvicorn on its own closes the listener at the first SIGTERM (clients get connection refused), gives
 running requests `timeout_graceful_shutdown`, and re-raises the signal so the process ends by it. Here the
-first SIGTERM (or Ctrl-C) starts the gateway's drain (gateway/drain.py) with the listener still open, and
-the server shuts down once no request is left or `shutdown.drain_s` has passed; the process then exits 0.
+first SIGTERM (or Ctrl-C) starts the gateway's drain (gateway/process/drain.py) with the listener still open,
+and the server shuts down once no request is left or `shutdown.drain_s` has passed; the process then exits 0.
 A second signal is uvicorn's own: shut down now.
 """
 
@@ -18,9 +18,9 @@ from types import FrameType
 import uvicorn
 from starlette.applications import Starlette
 
-from gateway.config import LimitsConfig
-from gateway.drain import Drain
-from gateway.edge import edge_protocol
+from gateway.http.edge import edge_protocol
+from gateway.process.drain import Drain
+from gateway.settings.config import LimitsConfig
 
 log = logging.getLogger("omnigate")
 
@@ -65,7 +65,7 @@ def serve(
     drain_s: float,
     sock: socket.socket | None = None,
 ) -> None:
-    """Run `app` with the edge limits (gateway/edge.py) until a signal and its drain end it; on `sock`
+    """Run `app` with the edge limits (gateway/http/edge.py) until a signal and its drain end it; on `sock`
     (a worker's shared port) if given, else on a socket of its own bound to (host, port)."""
     config = uvicorn.Config(
         app,

@@ -29,9 +29,9 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from gateway.config import LimitsConfig
-from gateway.errors import ApiError, ErrorCode
 from gateway.observability import metrics
+from gateway.request.errors import ApiError, ErrorCode
+from gateway.settings.config import LimitsConfig
 
 _HEADER_OVERHEAD = 4  # ": " and CRLF around each header
 

@@ -34,7 +34,7 @@ from urllib.parse import unquote
 
 from pydantic import Field, PrivateAttr, field_validator
 
-from gateway.schema import Frozen
+from gateway.settings.schema import Frozen
 
 PATH_MAX = 4096  # Linux: open() refuses longer paths (ENAMETOOLONG)
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):")

@@ -1,7 +1,7 @@
 """Upstream I/O: open a request on one backend and relay its raw bytes, with explicit deadlines.
 
-The connections are gateway/upstream.py's (asyncio protocols with httptools' parser): the upstream client
-was the largest part of the gateway's CPU per request (docs/decisions/0001-the-upstream-client.md).
+The connections are gateway/relay/upstream.py's (asyncio protocols with httptools' parser): the upstream
+client was the largest part of the gateway's CPU per request (docs/decisions/0001-the-upstream-client.md).
 
 Opening ends when the first body bytes arrive (or fails with an UpstreamError saying whether a retry on
 another backend is safe). Relaying hands out the body as it arrives (each read takes what is already
@@ -36,8 +36,8 @@ from types import TracebackType
 
 import anyio
 
-from gateway.errors import ErrorCode
-from gateway.upstream import ConnectFailed, Response, Upstream, UpstreamIOError
+from gateway.relay.upstream import ConnectFailed, Response, Upstream, UpstreamIOError
+from gateway.request.errors import ErrorCode
 
 # Identity encoding: bytes are relayed as they come, so the backend must not compress them.
 _FIXED_HEADERS = {"accept-encoding": "identity"}

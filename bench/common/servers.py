@@ -4,7 +4,7 @@ LiteLLM and smg.
 Each runs in its own session (so Ctrl-C reaches only the benchmark, which then stops them in order) and
 with PR_SET_PDEATHSIG (so they die with the benchmark even if it is killed hard). `Procs` owns them all.
 
-Run alone, `python bench/_servers.py backend` serves the backend on a free loopback port and prints it.
+Run alone, `python -m bench.common.servers backend` serves the backend on a free loopback port and prints it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from loadtest.ports import free_port
 
 MODEL = "bench-model"
 STREAM_CHUNKS = 100
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- the backend ---------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from gateway.schema import Frozen, FrozenDict, describe
+from gateway.settings.schema import Frozen, FrozenDict, describe
 
 
 class Listen(Frozen):
@@ -176,7 +176,7 @@ class ShutdownConfig(Frozen):
 
 
 class LimitsConfig(Frozen):
-    """What one client may hold: the body size, and the HTTP limits at the edge (gateway/edge.py)."""
+    """What one client may hold: the body size, and the HTTP limits at the edge (gateway/http/edge.py)."""
 
     max_body_bytes: int = Field(64 * 1024 * 1024, gt=0)
     max_header_bytes: int = Field(

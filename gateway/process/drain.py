@@ -3,7 +3,7 @@
 On `begin()` the replica stops taking work but keeps its listener open: `/readyz` answers 503 at once (the
 load balancer stops sending), every new request and every request still waiting in a queue gets a 503
 `shutting_down` with `Retry-After` (an answer, never a cut connection: the client retries elsewhere), and
-the requests already on a backend run to their end. The server (gateway/server.py) exits once none is
+the requests already on a backend run to their end. The server (gateway/http/server.py) exits once none is
 left, or when `shutdown.drain_s` has passed.
 """
 
@@ -14,7 +14,7 @@ from types import TracebackType
 
 import anyio
 
-from gateway.errors import ApiError, ErrorCode
+from gateway.request.errors import ApiError, ErrorCode
 
 log = logging.getLogger("omnigate")
 

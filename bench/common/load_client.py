@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
-from _servers import die_with_parent
+from bench.common.servers import die_with_parent
 
 DRAIN_S = 3.0
 """Open loop: how long answers to the last arrivals are awaited before they count as unfinished."""

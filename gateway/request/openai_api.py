@@ -12,7 +12,7 @@ from typing import Any, Literal
 import orjson
 from starlette.requests import Request
 
-from gateway.errors import ApiError, ErrorCode
+from gateway.request.errors import ApiError, ErrorCode
 
 Endpoint = Literal["chat", "completions", "embeddings", "speech"]
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the items of one embeddings request

@@ -1,7 +1,8 @@
 """Policy hot reload: validate fully, then swap one reference. Triggers: file change, SIGHUP, admin API.
 
 Requests read the policy once at arrival and keep that object, so a swap never changes a request in flight.
-A document that is empty, cut short or invalid is refused whole (gateway/policy.py: load_policy_text).
+A document that is empty, cut short or invalid is refused whole (gateway/livepolicy/policy.py:
+load_policy_text).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from pathlib import Path
 import anyio
 from watchfiles import awatch
 
+from gateway.livepolicy.policy import Policy, PolicyError, diff_policies, load_policy, load_policy_text
 from gateway.observability import metrics
-from gateway.policy import Policy, PolicyError, diff_policies, load_policy, load_policy_text
 
 log = logging.getLogger("omnigate.policy")
 

@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import ApiError
 from gateway.observability import metrics
+from gateway.request.errors import ApiError
 
 access_log = logging.getLogger("omnigate.access")
 _RID_OK = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")

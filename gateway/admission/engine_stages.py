@@ -54,7 +54,7 @@ from gateway.admission.families import Ask
 from gateway.admission.settings import StagePolicy
 from gateway.backends.kinds.base import BackendKind, Stage, StageUnit
 from gateway.backends.state import BackendState
-from gateway.ticket import Ticket
+from gateway.request.ticket import Ticket
 
 TALKER, CODE2WAV = "talker", "code2wav"
 LAG_WEIGHT = 0.2  # the EWMA weight of each stream's time from dispatch to first audio

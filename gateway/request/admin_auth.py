@@ -6,7 +6,7 @@ import hmac
 
 from starlette.requests import Request
 
-from gateway.errors import ApiError, ErrorCode
+from gateway.request.errors import ApiError, ErrorCode
 
 
 def bearer_token(request: Request) -> str | None:
