@@ -7,8 +7,8 @@ in an import string either. Every import counts, also inside functions and under
 that only type checking sees is still two modules that cannot be understood one without the other.
 
 Cycles are looked for twice: between modules, and between parts — a subpackage such as `gateway.admission`
-counts as one part, a top-level module such as `gateway.livepolicy.policy` as another — since a subpackage
-that imports a module which imports it back is a circle too, whichever of its files each arrow touches.
+counts as one part, a top-level module such as `gateway.cli` as another — since a subpackage that
+imports a module which imports it back is a circle too, whichever of its files each arrow touches.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _part(module: str) -> str:
-    """`gateway.admission.queue` → `gateway.admission`; `gateway.livepolicy.policy` stays itself."""
+    """`gateway.admission.queue` → `gateway.admission`; `gateway.cli` stays itself."""
     return ".".join(module.split(".")[:2])
 
 
