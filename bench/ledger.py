@@ -155,7 +155,7 @@ def _code(body: bytes) -> str:
         return "?"
 
 
-async def _tenant(
+async def tenant_load(
     url: str,
     tenant: str,
     deadline: float,
@@ -264,7 +264,7 @@ def _metric(text: str, name: str) -> float:
     return total
 
 
-async def _settled(url: str, sims: list[str]) -> dict[str, Any]:
+async def settled(url: str, sims: list[str]) -> dict[str, Any]:
     """Wait (≤ 60 s) for the outbox to drain and the engines to go idle; the counters seen last."""
     async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
         deadline = time.monotonic() + 60
@@ -419,13 +419,13 @@ async def run_store(
         deadline = time.monotonic() + args.duration
         work, seed = WORKLOADS[args.workload], args.seed * 100
         load = [
-            _tenant(url, t, deadline, args.clients, seed + TENANTS.index(t), tallies[t], work, args.model)
+            tenant_load(url, t, deadline, args.clients, seed + TENANTS.index(t), tallies[t], work, args.model)
             for t in turn
         ]
         results = await asyncio.gather(_faults(args, engines, store, redis, db, procs), *load)
         assert isinstance(results[0], list)
         done += results[0]
-        counters = await _settled(url, engines)
+        counters = await settled(url, engines)
         grown = await _counted(engines) - before
         total_counted += grown
         if len(turn) == 1:
@@ -475,7 +475,7 @@ async def run_store(
     return lines, all_ok
 
 
-def _start_sims(
+def start_sims(
     args: argparse.Namespace, procs: Procs, store: str, model: str = MODEL, cap: int | None = None
 ) -> list[str]:
     """Two fresh engines per store (serving `model`, capped at `cap` running requests if given): each
@@ -500,7 +500,7 @@ async def main_async(args: argparse.Namespace) -> bool:
         procs = Procs(Path(tmp))
         try:
             for store in args.stores:
-                engines = [u.rstrip("/") for u in args.url] or _start_sims(
+                engines = [u.rstrip("/") for u in args.url] or start_sims(
                     args, procs, store, args.model, args.max_running_requests
                 )
                 lines, store_ok = await run_store(args, store, procs, engines)

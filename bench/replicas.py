@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 import orjson
 
+from bench.common.args import comma_list
 from bench.common.servers import ROOT, Procs, free_port
 from bench.scheduling import (
     HEADER,
@@ -48,7 +49,6 @@ from bench.scheduling import (
     TTFT_SLO_S,
     House,
     Stream,
-    _list,
     peak_goodput,
     row,
     run,
@@ -396,11 +396,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--scenarios",
-        type=_list(str),
+        type=comma_list(str),
         default=["sawtooth", "kill", "flood", "adaptive"],
         help="in this order the fixed-limit runs come first, so the engine's peak is judged by their limit",
     )
-    ap.add_argument("--replicas", type=_list(int), default=[1, 2, 3], help="replica counts of the sawtooth")
+    ap.add_argument(
+        "--replicas", type=comma_list(int), default=[1, 2, 3], help="replica counts of the sawtooth"
+    )
     ap.add_argument("--limit", type=int, default=32, help="the fixed concurrency limit of the probe runs")
     ap.add_argument("--duration", type=float, default=60.0, help="simulated seconds per run")
     ap.add_argument(

@@ -28,7 +28,7 @@ import httpx
 import orjson
 
 from bench.common.servers import Procs, free_port, wait_http
-from bench.ledger import ADMIN, MODEL, TENANTS, Tally, _settled, _start_sims, _tenant
+from bench.ledger import ADMIN, MODEL, TENANTS, Tally, settled, start_sims, tenant_load
 
 FD_SLACK = 16  # descriptors that may come and go with keep-alive connections and the engines' health checks
 
@@ -67,7 +67,7 @@ async def main_async(args: argparse.Namespace) -> bool:
     with tempfile.TemporaryDirectory(prefix="omnigate-soak-") as tmp:
         procs = Procs(Path(tmp))
         try:
-            sims = _start_sims(args, procs, "soak")
+            sims = start_sims(args, procs, "soak")
             port = free_port()
             work = Path(tmp)
             (work / "policy.yaml").write_text("version: 1\n")
@@ -93,9 +93,12 @@ async def main_async(args: argparse.Namespace) -> bool:
             await asyncio.gather(
                 _sampler(gw.pid, deadline, args.sample, samples),
                 _faults(sims, deadline, max(args.duration / 10, 5.0)),
-                *(_tenant(url, t, deadline, args.clients, 7 + i, tallies[t]) for i, t in enumerate(TENANTS)),
+                *(
+                    tenant_load(url, t, deadline, args.clients, 7 + i, tallies[t])
+                    for i, t in enumerate(TENANTS)
+                ),
             )
-            counters = await _settled(url, sims)
+            counters = await settled(url, sims)
             samples.append((args.duration, _rss_kib(gw.pid), _fds(gw.pid)))
         finally:
             procs.close()
