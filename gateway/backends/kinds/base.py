@@ -128,9 +128,7 @@ class BackendKind(abc.ABC):
 
     name: str
     routes: ClassVar[frozenset[str]]  # the gateway's generation routes this kind of server has
-    staged: ClassVar[bool] = (
-        False  # its stages have budgets of their own (gateway/admission/engine_stages.py)
-    )
+    staged: ClassVar[bool] = False  # its stages have budgets of their own (admission/engine_stages.py)
     unavailable: ClassVar[Mapping[Signal, str]] = MappingProxyType({})
 
     def check_route(self, path: str, model: str) -> None:
