@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common.args import comma_list
 from bench.common.servers import ROOT, Procs
 from bench.common.workload_family import (
     REPORT_SEEDS_FROM,
@@ -368,18 +369,14 @@ async def main_async(args: argparse.Namespace) -> tuple[Family, list[str]]:
     return fam, lines
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2 workloads of 30 simulated s, sweep 16,32")
     ap.add_argument("--workloads", type=int, help="workloads to draw (default 10; --quick 2)")
-    ap.add_argument("--seeds", type=_ints, help="run these workloads (a printed run's seeds)")
+    ap.add_argument("--seeds", type=comma_list(int), help="run these workloads (a printed run's seeds)")
     ap.add_argument("--tuning", action="store_true", help="draw from the tuning seeds 0, 1, … (not a report)")
     ap.add_argument("--duration", type=float, help="simulated seconds per run (default 120; --quick 30)")
-    ap.add_argument("--sweep", type=_ints, help="fixed limits (default 16,32,48; --quick 16,32)")
+    ap.add_argument("--sweep", type=comma_list(int), help="fixed limits (default 16,32,48; --quick 16,32)")
     ap.add_argument("--probes", type=int, default=3, help="refusals forced in per workload's replay")
     ap.add_argument("--probe-spacing", type=float, default=10.0, help="simulated s between two probes")
     ap.add_argument("--ablate", action="store_true", help="each admission mechanism off in turn")
