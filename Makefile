@@ -46,8 +46,8 @@ lint: $(STAMP)
 # python after `pip install -e '.[litellm]'`, or skipped with a message).
 LITELLM ?=
 bench: $(STAMP)
-	$(BIN)/python bench/overhead.py $(if $(LITELLM),--litellm $(LITELLM))
-	$(BIN)/python bench/estimate.py
+	$(BIN)/python -m bench.overhead $(if $(LITELLM),--litellm $(LITELLM))
+	$(BIN)/python -m bench.estimate
 
 # The `N + omnigate` rows' check counts in the exit code; `make validate-seed GATEWAY_CHECK=report`
 # prints it without counting it.

@@ -1,7 +1,7 @@
 """Admission's decisions as a trace: seeded chaos on two pools' schedulers on a fake clock, one JSON line per
 dispatch, refusal and revocation, then the rejection counts and the backends' accounting.
 
-    .venv/bin/python bench/admission_trace.py --seed 3 --load heavy > after.txt   # then on another commit
+    .venv/bin/python -m bench.admission_trace --seed 3 --load heavy > after.txt   # then on another commit
     diff before.txt after.txt                                                     # empty: same decisions
 
 For refactors that must not change behaviour: no processes, no wall clock, so two commits given the same
@@ -19,18 +19,15 @@ import argparse
 import asyncio
 import json
 import random
-import sys
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.admission.lease import Lease
 from gateway.admission.scheduler import PoolScheduler
 from gateway.backends.state import BackendState
-from gateway.errors import ApiError
-from gateway.policy import Policy, load_policy
-from gateway.ticket import Cost, Outcome, Ticket, Usage
+from gateway.livepolicy.policy import Policy, load_policy
+from gateway.request.errors import ApiError
+from gateway.request.ticket import Cost, Outcome, Ticket, Usage
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 1500

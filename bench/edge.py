@@ -11,8 +11,8 @@ For each, the gateway's resident memory (peak during, and after the attackers ar
 attack, how many connections the gateway still held at the end. Everything is on 127.0.0.1, bounded in
 bytes and time. Usage:
 
-    .venv/bin/python bench/edge.py                 # ~2 min
-    .venv/bin/python bench/edge.py --slow 500 --slow-s 12 --header-mb 10
+    .venv/bin/python -m bench.edge                 # ~2 min
+    .venv/bin/python -m bench.edge --slow 500 --slow-s 12 --header-mb 10
 """
 
 from __future__ import annotations
@@ -21,16 +21,13 @@ import argparse
 import asyncio
 import contextlib
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _servers import Procs, start_backend, start_omnigate
+from bench.common.servers import Procs, start_backend, start_omnigate
 
 LIMITS_OFF = {"max_header_bytes": 1 << 30, "header_timeout_s": 3600, "max_connections": 1_000_000}
 PROBE_EVERY_S = 0.05

@@ -1,7 +1,7 @@
 """Benchmark the estimate stage: time per request, header parser vs Pillow, text-estimator error.
 
-    .venv/bin/python bench/estimate.py                      # timings
-    .venv/bin/python bench/estimate.py --tokenizer tokenizer.json   # + error against a real BPE tokenizer
+    .venv/bin/python -m bench.estimate                      # timings
+    .venv/bin/python -m bench.estimate --tokenizer tokenizer.json   # + error against a real BPE tokenizer
 
 The tokenizer file is any local Hugging Face tokenizer.json (the `tokenizers` package must be installed);
 nothing is downloaded. The error corpus is made from files on this machine: the shared design docs, the

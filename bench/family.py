@@ -1,13 +1,13 @@
 """Scheduling on traffic nobody tuned for: a seeded family of workloads (issue 39).
 
-    .venv/bin/python bench/family.py --quick                     # 2 workloads, a few minutes
-    .venv/bin/python bench/family.py                             # 10 workloads, about 25 minutes
-    .venv/bin/python bench/family.py --seeds 1234567,2345678     # the workloads of an earlier run again
-    .venv/bin/python bench/family.py --quick --ablate            # each admission mechanism off in turn
+    .venv/bin/python -m bench.family --quick                     # 2 workloads, a few minutes
+    .venv/bin/python -m bench.family                             # 10 workloads, about 25 minutes
+    .venv/bin/python -m bench.family --seeds 1234567,2345678     # the workloads of an earlier run again
+    .venv/bin/python -m bench.family --quick --ablate            # each admission mechanism off in turn
 
-Each workload is drawn from a seed (`bench/_family.py`): modality shares (text, one image, 2–4 images,
-audio in, long documents; the simulated SGLang pool does not speak, so no speech out), prompt and answer
-length distributions, a constant or sawtooth rate at 0.5×–2.5× its engine's modelled capacity with
+Each workload is drawn from a seed (`bench/common/workload_family.py`): modality shares (text, one image, 2–4
+images, audio in, long documents; the simulated SGLang pool does not speak, so no speech out), prompt and
+answer length distributions, a constant or sawtooth rate at 0.5×–2.5× its engine's modelled capacity with
 Poisson or burstier gamma gaps, an engine cap of 32–256 and one to three tenants (some with a share of
 top-band requests). Report seeds are drawn fresh each run and printed; seeds below 1 000 000 are the
 tuning set (`--tuning`), so a report never runs a workload anyone tuned on.
@@ -38,15 +38,14 @@ import argparse
 import asyncio
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._family import (
+from bench.common.args import comma_list
+from bench.common.servers import ROOT, Procs
+from bench.common.workload_family import (
     REPORT_SEEDS_FROM,
     Outcome,
     arrivals,
@@ -57,9 +56,8 @@ from bench._family import (
     spread,
     targets,
 )
-from bench._servers import ROOT, Procs
 from bench.scheduling import TPOT_SLO_S, TTFT_SLO_S, House, Stream, measured, run, workload
-from gateway.policy import Policy, load_policy
+from gateway.livepolicy.policy import Policy, load_policy
 from loadtest.metrics import percentile
 from loadtest.records import RequestRecord
 from loadtest.sim.profile import load_profile
@@ -371,18 +369,14 @@ async def main_async(args: argparse.Namespace) -> tuple[Family, list[str]]:
     return fam, lines
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="2 workloads of 30 simulated s, sweep 16,32")
     ap.add_argument("--workloads", type=int, help="workloads to draw (default 10; --quick 2)")
-    ap.add_argument("--seeds", type=_ints, help="run these workloads (a printed run's seeds)")
+    ap.add_argument("--seeds", type=comma_list(int), help="run these workloads (a printed run's seeds)")
     ap.add_argument("--tuning", action="store_true", help="draw from the tuning seeds 0, 1, … (not a report)")
     ap.add_argument("--duration", type=float, help="simulated seconds per run (default 120; --quick 30)")
-    ap.add_argument("--sweep", type=_ints, help="fixed limits (default 16,32,48; --quick 16,32)")
+    ap.add_argument("--sweep", type=comma_list(int), help="fixed limits (default 16,32,48; --quick 16,32)")
     ap.add_argument("--probes", type=int, default=3, help="refusals forced in per workload's replay")
     ap.add_argument("--probe-spacing", type=float, default=10.0, help="simulated s between two probes")
     ap.add_argument("--ablate", action="store_true", help="each admission mechanism off in turn")

@@ -1,9 +1,9 @@
 """Ledger chaos benchmark: does every tenant pay for exactly the work the engines did, whatever happens?
 
-    .venv/bin/python bench/ledger.py                          # both stores, 60 s each (~3 min)
-    .venv/bin/python bench/ledger.py --stores redis --duration 20
-    .venv/bin/python bench/ledger.py --workload images --max-running-requests 16
-    .venv/bin/python bench/ledger.py --url http://127.0.0.1:30000 --stores sqlite   # a running SGLang
+    .venv/bin/python -m bench.ledger                          # both stores, 60 s each (~3 min)
+    .venv/bin/python -m bench.ledger --stores redis --duration 20
+    .venv/bin/python -m bench.ledger --workload images --max-running-requests 16
+    .venv/bin/python -m bench.ledger --url http://127.0.0.1:30000 --stores sqlite   # a running SGLang
 
 The reference is the engine's own count, `sglang:prompt_tokens_total + sglang:generation_tokens_total`
 (what it ran: a request's whole prompt once its prefill started, every token it generated; counted when
@@ -55,9 +55,7 @@ import orjson
 import redis as redis_client
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._servers import Procs, free_port, wait_http
+from bench.common.servers import Procs, free_port, wait_http
 
 MODEL = "qwen2.5-omni-7b"
 ADMIN = "bench-ledger-admin"
@@ -157,7 +155,7 @@ def _code(body: bytes) -> str:
         return "?"
 
 
-async def _tenant(
+async def tenant_load(
     url: str,
     tenant: str,
     deadline: float,
@@ -266,7 +264,7 @@ def _metric(text: str, name: str) -> float:
     return total
 
 
-async def _settled(url: str, sims: list[str]) -> dict[str, Any]:
+async def settled(url: str, sims: list[str]) -> dict[str, Any]:
     """Wait (≤ 60 s) for the outbox to drain and the engines to go idle; the counters seen last."""
     async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
         deadline = time.monotonic() + 60
@@ -421,13 +419,13 @@ async def run_store(
         deadline = time.monotonic() + args.duration
         work, seed = WORKLOADS[args.workload], args.seed * 100
         load = [
-            _tenant(url, t, deadline, args.clients, seed + TENANTS.index(t), tallies[t], work, args.model)
+            tenant_load(url, t, deadline, args.clients, seed + TENANTS.index(t), tallies[t], work, args.model)
             for t in turn
         ]
         results = await asyncio.gather(_faults(args, engines, store, redis, db, procs), *load)
         assert isinstance(results[0], list)
         done += results[0]
-        counters = await _settled(url, engines)
+        counters = await settled(url, engines)
         grown = await _counted(engines) - before
         total_counted += grown
         if len(turn) == 1:
@@ -477,7 +475,7 @@ async def run_store(
     return lines, all_ok
 
 
-def _start_sims(
+def start_sims(
     args: argparse.Namespace, procs: Procs, store: str, model: str = MODEL, cap: int | None = None
 ) -> list[str]:
     """Two fresh engines per store (serving `model`, capped at `cap` running requests if given): each
@@ -502,7 +500,7 @@ async def main_async(args: argparse.Namespace) -> bool:
         procs = Procs(Path(tmp))
         try:
             for store in args.stores:
-                engines = [u.rstrip("/") for u in args.url] or _start_sims(
+                engines = [u.rstrip("/") for u in args.url] or start_sims(
                     args, procs, store, args.model, args.max_running_requests
                 )
                 lines, store_ok = await run_store(args, store, procs, engines)

@@ -4,7 +4,7 @@ Starts a zero-latency SSE server (raw asyncio, in its own process so it does not
 core), runs the harness' open-loop client against it at a Poisson rate, and prints the achieved rate
 and the client's send-lag P99 (actual − scheduled send). Target: achieved ≈ offered, lag P99 < 5 ms.
 
-    .venv/bin/python bench/loadgen.py [--rate 500] [--duration 10] [--workers 1] [--tokens 8]
+    .venv/bin/python -m bench.loadgen [--rate 500] [--duration 10] [--workers 1] [--tokens 8]
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtest.ports import free_port
 from loadtest.results import build_result

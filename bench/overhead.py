@@ -25,7 +25,7 @@ and prints a markdown table, the ratios against nginx, LiteLLM and one worker, a
 per request (the number a busy machine disturbs least; the Redis rows include redis-server's). Streaming
 clients do not ask for usage, so omnigate also does its usage-stripping work.
 
-    .venv/bin/python bench/overhead.py [--duration 5] [--warmup 1] [--rate 200] [--concurrency 32]
+    .venv/bin/python -m bench.overhead [--duration 5] [--warmup 1] [--rate 200] [--concurrency 32]
 """
 
 from __future__ import annotations
@@ -43,10 +43,8 @@ from typing import Any
 import orjson
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _load import Load, LoadClient, http_request
-from _servers import (
+from bench.common.load_client import Load, LoadClient, http_request
+from bench.common.servers import (
     LITELLM_KEY,
     MODEL,
     PASS_THROUGH_POLICY,
@@ -118,7 +116,9 @@ def _request(t: Target, kind: str) -> bytes:
 def start_traced(procs: Procs, backend: int, policy: str) -> Target:
     """The omnigate row with tracing on (sampling 1.0) exporting to a sink that drops what it gets."""
     sink = procs.start(
-        "otlp-sink", [sys.executable, str(Path(__file__).with_name("_otlp_sink.py"))], capture_stdout=True
+        "otlp-sink",
+        [sys.executable, str(Path(__file__).parent.joinpath("common", "otlp_sink.py"))],
+        capture_stdout=True,
     )
     assert sink.stdout is not None
     sink_port = int(sink.stdout.readline().decode().split()[1])

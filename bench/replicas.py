@@ -1,7 +1,7 @@
 """Replicas benchmark: 1, 2 and 3 gateway replicas on one Redis in front of the same simulated engines.
 
-    .venv/bin/python bench/replicas.py                  # every scenario, ~6–8 min on the 2-core box
-    .venv/bin/python bench/replicas.py --scenarios sawtooth --replicas 1,2 --duration 60
+    .venv/bin/python -m bench.replicas                  # every scenario, ~6–8 min on the 2-core box
+    .venv/bin/python -m bench.replicas --scenarios sawtooth --replicas 1,2 --duration 60
 
 The house is `bench/scheduling.py`'s (its engines, its time-scaled default policy, its load and metrics),
 plus a private `redis-server` that every replica's `store` points at: the replicas share the tenants,
@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import re
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -41,9 +40,8 @@ from typing import Any
 import httpx
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._servers import ROOT, Procs, free_port
+from bench.common.args import comma_list
+from bench.common.servers import ROOT, Procs, free_port
 from bench.scheduling import (
     HEADER,
     MIX_CAPACITY,
@@ -51,7 +49,6 @@ from bench.scheduling import (
     TTFT_SLO_S,
     House,
     Stream,
-    _list,
     peak_goodput,
     row,
     run,
@@ -59,7 +56,7 @@ from bench.scheduling import (
     verdict,
     workload,
 )
-from gateway.policy import load_policy
+from gateway.livepolicy.policy import load_policy
 from loadtest.workload import Workload
 
 STATE_HEADERS = {"authorization": "Bearer bench"}
@@ -399,11 +396,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--scenarios",
-        type=_list(str),
+        type=comma_list(str),
         default=["sawtooth", "kill", "flood", "adaptive"],
         help="in this order the fixed-limit runs come first, so the engine's peak is judged by their limit",
     )
-    ap.add_argument("--replicas", type=_list(int), default=[1, 2, 3], help="replica counts of the sawtooth")
+    ap.add_argument(
+        "--replicas", type=comma_list(int), default=[1, 2, 3], help="replica counts of the sawtooth"
+    )
     ap.add_argument("--limit", type=int, default=32, help="the fixed concurrency limit of the probe runs")
     ap.add_argument("--duration", type=float, default=60.0, help="simulated seconds per run")
     ap.add_argument(

@@ -1,7 +1,7 @@
 """Scheduling benchmark: does omnigate's admission beat clients going straight to the engine?
 
-    .venv/bin/python bench/scheduling.py                       # every scenario, a few minutes
-    .venv/bin/python bench/scheduling.py --scenarios compare --workloads seed --duration 120
+    .venv/bin/python -m bench.scheduling                       # every scenario, a few minutes
+    .venv/bin/python -m bench.scheduling --scenarios compare --workloads seed --duration 120
 
 Simulated SGLang Omni backends (`python -m loadtest.sim`, default profile, engine cap 64, priority
 scheduling) run `--time-scale` times faster than real time; the gateway is a real `omnigate serve`
@@ -57,11 +57,10 @@ import httpx
 import orjson
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._conversations import drive, plan
-from bench._servers import ROOT, Procs, cpu_seconds, free_port, wait_http
-from gateway.policy import Policy, load_policy
+from bench.common.args import comma_list
+from bench.common.conversations import drive, plan
+from bench.common.servers import ROOT, Procs, cpu_seconds, free_port, wait_http
+from gateway.livepolicy.policy import Policy, load_policy
 from loadtest.media import MediaCache
 from loadtest.metrics import meets_slo, percentile, summarize
 from loadtest.records import RequestRecord
@@ -177,7 +176,7 @@ class House:
             budgets = policy["budgets"]
             own = {key: value for key, value in budgets.items() if key != "pools"}
             budgets["pools"] = {"interactive": {**own, "lend": lend}}
-        else:  # one pool: offline work runs on it (a policy may name no other: gateway/policy_refs.py)
+        else:  # one pool: offline work runs on it (a policy may name no other: gateway/livepolicy/refs.py)
             policy["queue"]["classes"]["offline"]["pool"] = "interactive"
             policy["window"]["accumulate"].pop("offline")
         (work / f"{name}-policy.yaml").write_text(yaml.safe_dump(policy))
@@ -997,19 +996,15 @@ async def main_async(args: argparse.Namespace) -> None:
             procs.close()
 
 
-def _list(kind: type) -> Any:
-    return lambda text: [kind(x) for x in text.split(",") if x]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "--scenarios", type=_list(str), default=["compare", "flood", "tenants", "mixed", "lending"]
+        "--scenarios", type=comma_list(str), default=["compare", "flood", "tenants", "mixed", "lending"]
     )
     ap.add_argument(
-        "--workloads", type=_list(str), default=["seed", "text", "multi"], help="of: " + ",".join(MIXES)
+        "--workloads", type=comma_list(str), default=["seed", "text", "multi"], help="of: " + ",".join(MIXES)
     )
-    ap.add_argument("--sweep", type=_list(int), default=[16, 32, 48], help="fixed concurrency limits")
+    ap.add_argument("--sweep", type=comma_list(int), default=[16, 32, 48], help="fixed concurrency limits")
     ap.add_argument(
         "--repeats",
         type=int,
@@ -1032,7 +1027,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--tenants-seeds",
-        type=_list(int),
+        type=comma_list(int),
         default=[42, 7, 99],
         help="workload seeds of the tenants scenario (the heavy tenant uses seed + 2); verdict on the P99 "
         "of all their light requests together",
@@ -1084,7 +1079,7 @@ def main() -> None:
     ap.add_argument("--multiturn-backends", type=int, default=3, help="multiturn: engines in the pool")
     ap.add_argument(
         "--conversation-rates",
-        type=_list(float),
+        type=comma_list(float),
         default=[1.0, 1.5, 2.0],
         help="multiturn: new conversations/s per engine, one run of every placement rule at each",
     )

@@ -1,7 +1,7 @@
 """Soak benchmark: does a gateway under moderate, misbehaving load for a long time stay flat?
 
-    .venv/bin/python bench/soak.py                     # 10 minutes
-    .venv/bin/python bench/soak.py --duration 60 --check
+    .venv/bin/python -m bench.soak                     # 10 minutes
+    .venv/bin/python -m bench.soak --duration 60 --check
 
 One `omnigate serve` (SQLite store, access log on, as deployed) in front of two simulated SGLang engines;
 three tenants' clients send text and image chats, streamed and whole, and leave at random points
@@ -27,10 +27,8 @@ from pathlib import Path
 import httpx
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._servers import Procs, free_port, wait_http
-from bench.ledger import ADMIN, MODEL, TENANTS, Tally, _settled, _start_sims, _tenant
+from bench.common.servers import Procs, free_port, wait_http
+from bench.ledger import ADMIN, MODEL, TENANTS, Tally, settled, start_sims, tenant_load
 
 FD_SLACK = 16  # descriptors that may come and go with keep-alive connections and the engines' health checks
 
@@ -69,7 +67,7 @@ async def main_async(args: argparse.Namespace) -> bool:
     with tempfile.TemporaryDirectory(prefix="omnigate-soak-") as tmp:
         procs = Procs(Path(tmp))
         try:
-            sims = _start_sims(args, procs, "soak")
+            sims = start_sims(args, procs, "soak")
             port = free_port()
             work = Path(tmp)
             (work / "policy.yaml").write_text("version: 1\n")
@@ -95,9 +93,12 @@ async def main_async(args: argparse.Namespace) -> bool:
             await asyncio.gather(
                 _sampler(gw.pid, deadline, args.sample, samples),
                 _faults(sims, deadline, max(args.duration / 10, 5.0)),
-                *(_tenant(url, t, deadline, args.clients, 7 + i, tallies[t]) for i, t in enumerate(TENANTS)),
+                *(
+                    tenant_load(url, t, deadline, args.clients, 7 + i, tallies[t])
+                    for i, t in enumerate(TENANTS)
+                ),
             )
-            counters = await _settled(url, sims)
+            counters = await settled(url, sims)
             samples.append((args.duration, _rss_kib(gw.pid), _fds(gw.pid)))
         finally:
             procs.close()

@@ -5,14 +5,13 @@ Why the gateway's upstream client is aiohttp: this measures each client used the
 and prints the process CPU per request. httpx is measured at both of its layers: the `AsyncClient`
 (cookies, redirects, auth) and the bare `httpcore.AsyncConnectionPool` under it.
 
-    .venv/bin/python bench/upstream_clients.py [--requests 3000] [--concurrency 16]
+    .venv/bin/python -m bench.upstream_clients [--requests 3000] [--concurrency 16]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -24,13 +23,8 @@ import httpx
 import orjson
 import uvloop
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _servers import MODEL, STREAM_BODY, STREAM_CHUNKS, WHOLE_BODY, Procs, start_backend
-
-from gateway.upstream import Upstream
+from bench.common.servers import MODEL, STREAM_BODY, STREAM_CHUNKS, WHOLE_BODY, Procs, start_backend
+from gateway.relay.upstream import Upstream
 
 Fetch = Callable[[bytes], Awaitable[bytes]]
 HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
@@ -98,7 +92,7 @@ CLIENTS = {
     "httpx.AsyncClient": _httpx,
     "httpcore pool": _httpcore,
     "aiohttp": _aiohttp,
-    "gateway.upstream (httptools)": _upstream,
+    "gateway.relay.upstream (httptools)": _upstream,
 }
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import orjson
 
-from gateway.config import ConfigError, load_config
-from gateway.policy import Policy, PolicyError, diff_policies, load_policy, policy_schema
-from gateway.policy_refs import check_refs
+from gateway.livepolicy.policy import Policy, PolicyError, diff_policies, load_policy, policy_schema
+from gateway.livepolicy.refs import check_refs
+from gateway.settings.config import ConfigError, load_config
 
 
 def _setup_logging(level: str) -> None:
@@ -34,7 +34,7 @@ def _setup_logging(level: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.workers import refusal, reuse_port_socket, supervise
+    from gateway.process.workers import refusal, reuse_port_socket, supervise
 
     _setup_logging(args.log_level)
     try:
@@ -54,8 +54,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", args.config, "--reuse-port"]
             argv += ["--host", listen.host, "--port", str(listen.port), "--log-level", args.log_level]
             return supervise(argv, args.workers)
-        from gateway.app import create_app  # not in the supervisor: its workers import it
-        from gateway.server import serve
+        from gateway.http.app import create_app  # not in the supervisor: its workers import it
+        from gateway.http.server import serve
 
         app = create_app(config)
     except (ConfigError, PolicyError) as e:

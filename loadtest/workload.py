@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from gateway.schema import Frozen, describe
+from gateway.settings.schema import Frozen, describe
 from loadtest.arrivals import Process, Shape, burst_shape, constant_shape, sawtooth_shape, step_shape
 from loadtest.client import SPEECH_PATH, PreparedRequest
 from loadtest.media import MediaCache

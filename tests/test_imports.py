@@ -1,13 +1,14 @@
 """Arrows point down: no import cycle among the project's modules, and no import across the layers.
 
-Layers, top to bottom: `omnigate` (the command dispatcher and the demo) may import anything; `loadtest` (the
-harness) never imports `omnigate`; `loadtest.sim` (the simulated engine) imports neither `gateway` nor
-`omnigate`; `gateway` (the product) imports none of `loadtest`, `bench`, `omnigate`, and does not name them
-in an import string either. Every import counts, also inside functions and under `TYPE_CHECKING`: a cycle
-that only type checking sees is still two modules that cannot be understood one without the other.
+Layers, top to bottom: `omnigate` (the command dispatcher and the demo) and `bench` (the benchmarks, a
+package whose scripts import each other as `bench.x`) may import anything; `loadtest` (the harness) never
+imports `omnigate`; `loadtest.sim` (the simulated engine) imports neither `gateway` nor `omnigate`;
+`gateway` (the product) imports none of `loadtest`, `bench`, `omnigate`, and does not name them in an
+import string either. Every import counts, also inside functions and under `TYPE_CHECKING`: a cycle that
+only type checking sees is still two modules that cannot be understood one without the other.
 
 Cycles are looked for twice: between modules, and between parts — a subpackage such as `gateway.admission`
-counts as one part, a top-level module such as `gateway.policy` as another — since a subpackage that
+counts as one part, a top-level module such as `gateway.cli` as another — since a subpackage that
 imports a module which imports it back is a circle too, whichever of its files each arrow touches.
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("gateway", "loadtest", "omnigate")
+PACKAGES = ("gateway", "loadtest", "omnigate", "bench")
 FORBIDDEN = {  # importer prefix → imported prefixes it must never reach
     "gateway": ("loadtest", "bench", "omnigate"),
     "loadtest": ("omnigate",),
@@ -72,7 +73,7 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _part(module: str) -> str:
-    """`gateway.admission.queue` → `gateway.admission`; `gateway.policy` stays itself."""
+    """`gateway.admission.queue` → `gateway.admission`; `gateway.cli` stays itself."""
     return ".".join(module.split(".")[:2])
 
 

@@ -10,9 +10,9 @@ from types import MappingProxyType, UnionType
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from gateway.config import GatewayConfig, parse_config
-from gateway.policy import Policy
-from gateway.schema import Frozen
+from gateway.livepolicy.policy import Policy
+from gateway.settings.config import GatewayConfig, parse_config
+from gateway.settings.schema import Frozen
 
 
 def _models(root: type[BaseModel]) -> Iterator[type[BaseModel]]:

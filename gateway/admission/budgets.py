@@ -19,7 +19,7 @@ from gateway.admission.decision import Decision
 from gateway.admission.families import Ask
 from gateway.admission.settings import PoolBudgets
 from gateway.backends.state import BackendState
-from gateway.ticket import Ticket
+from gateway.request.ticket import Ticket
 
 
 def kv_occupied(backend: BackendState) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from gateway.admission.decision import Decision
 from gateway.admission.families import Ask
 from gateway.backends.state import BackendState
-from gateway.ticket import Ticket
+from gateway.request.ticket import Ticket
 
 
 class PrefillSeen:

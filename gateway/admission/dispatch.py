@@ -4,7 +4,7 @@ The dispatcher composes the policy families, each in its own module, through the
 (families.py), in this declared order — the first budget a request misses is the reason it waits:
 - slots.py — concurrency: a slot under the backend's limit (limits/), less the headroom its band and
   its tenant must leave free;
-- stages.py — a staged backend's stage budgets (only for a staged kind);
+- engine_stages.py — a staged backend's stage budgets (only for a staged kind);
 - rounds.py — the round's prefill budget per backend (fixed, or metered at the engine's measured pace);
 - shield.py — the prefill shield and duty spacing;
 - budgets.py — the KV watermark, and the dispatch's hold on the backend's accounting;
@@ -38,6 +38,7 @@ from gateway.admission.blocks import Block
 from gateway.admission.budgets import Occupancy, bucket_full, kv_miss, own_backends
 from gateway.admission.decision import Decision
 from gateway.admission.decode_share import PrefillSeen
+from gateway.admission.engine_stages import StageBook
 from gateway.admission.families import Ask, Budget, FirstByte, Tally
 from gateway.admission.placement import Placement
 from gateway.admission.queue import Entry
@@ -45,11 +46,10 @@ from gateway.admission.rounds import Rounds
 from gateway.admission.settings import PoolBudgets, ShieldPolicy
 from gateway.admission.shield import Shield
 from gateway.admission.slots import Slots
-from gateway.admission.stages import StageBook
 from gateway.admission.standing import RecentService, Standing
 from gateway.admission.turnover import Turnover
 from gateway.backends.state import BackendState
-from gateway.ticket import Ticket
+from gateway.request.ticket import Ticket
 
 
 class Dispatcher:
@@ -61,7 +61,7 @@ class Dispatcher:
     ) -> None:
         """`stages`: a staged kind's stage budgets; `recent`: the tenants' recent service, which the
         scheduler charges (standing reads it)."""
-        self._stages = stages  # per-stage budgets of a staged kind's backends (stages.py)
+        self._stages = stages  # per-stage budgets of a staged kind's backends (engine_stages.py)
         self._slots = Slots(None if stages is None else stages.speaking)
         recent = RecentService() if recent is None else recent
         self._standing = Standing(self._slots.held, recent, engine_priorities)

@@ -16,7 +16,7 @@ from typing import Protocol
 from gateway.admission.blocks import Block
 from gateway.admission.decision import Decision
 from gateway.backends.state import BackendState
-from gateway.ticket import Ticket
+from gateway.request.ticket import Ticket
 
 
 @dataclass(frozen=True, slots=True)

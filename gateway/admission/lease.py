@@ -19,8 +19,8 @@ import anyio
 
 from gateway.admission.queue import Entry
 from gateway.backends.state import BackendState
-from gateway.errors import ApiError
-from gateway.ticket import Outcome, Ticket, Usage
+from gateway.request.errors import ApiError
+from gateway.request.ticket import Outcome, Ticket, Usage
 
 DROP_OUTCOMES = frozenset({Outcome.OVERLOADED})
 """Outcomes the concurrency limit treats as drops: the backend answered 503 / queue full."""

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from gateway.admission.settings import PlacementPolicy
 from gateway.backends.state import BackendState
-from gateway.ticket import Ticket
+from gateway.request.ticket import Ticket
 
 MAX_SESSIONS = 1 << 16  # conversations whose backend a sticky pool remembers, least recently placed forgotten
 

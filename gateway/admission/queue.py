@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from gateway.admission.fairness import VirtualTokenCounters
 from gateway.admission.settings import SLOClass
-from gateway.ticket import Ticket
+from gateway.request.ticket import Ticket
 
 
 @dataclass(eq=False, slots=True)

@@ -22,23 +22,23 @@ from gateway.admission.blocks import Block
 from gateway.admission.budgets import backend_load, full_buckets
 from gateway.admission.decision import Decision, SlotRule
 from gateway.admission.dispatch import Dispatcher
+from gateway.admission.engine_stages import StageBook
 from gateway.admission.fairness import VirtualTokenCounters, token_charge
 from gateway.admission.lease import DROP_OUTCOMES, Lease, Waiter
 from gateway.admission.lending import Loans
 from gateway.admission.limits import Limit, Sample, latency_ratio, make_limit, tpot_ratio
 from gateway.admission.queue import Entry, SLOQueue, effective_deadline
+from gateway.admission.replica_shares import Fairness, ReplicaShares
 from gateway.admission.rounds import BudgetCopy, Metering
 from gateway.admission.settings import AdmissionSettings, PoolBudgets
-from gateway.admission.shares import Fairness, ReplicaShares
 from gateway.admission.shedding import PrefillRate, QueueGuard, SlotWait, displaced_error
-from gateway.admission.stages import StageBook
 from gateway.admission.standing import RecentService
 from gateway.admission.state import PoolView, pool_snapshot
 from gateway.admission.turnover import capacity_lost
 from gateway.admission.window import QueueLoad, hold, under_load
 from gateway.backends.state import BackendState
-from gateway.errors import ApiError, ErrorCode
-from gateway.ticket import Outcome, Ticket, Usage
+from gateway.request.errors import ApiError, ErrorCode
+from gateway.request.ticket import Outcome, Ticket, Usage
 
 __all__ = ["DROP_OUTCOMES", "Lease", "PoolScheduler"]  # Lease and DROP_OUTCOMES live in lease.py
 

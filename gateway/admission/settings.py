@@ -1,8 +1,8 @@
 """Policy sections for the SLO-aware queue and the dispatcher.
 
-Composed into gateway.policy.Policy under the keys queue, budgets, window, controller, fairness; a pool's
-scheduler reads them as one `AdmissionSettings` (its own sections, not the whole policy). Sections with a
-`pools` map hold per-pool overrides of the section's own defaults; `for_pool` resolves them.
+Composed into gateway.livepolicy.policy.Policy under the keys queue, budgets, window, controller, fairness; a
+pool's scheduler reads them as one `AdmissionSettings` (its own sections, not the whole policy). Sections with
+a `pools` map hold per-pool overrides of the section's own defaults; `for_pool` resolves them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from gateway.schema import Frozen, FrozenDict
+from gateway.settings.schema import Frozen, FrozenDict
 
 
 class SLOClass(Frozen):
@@ -173,8 +173,8 @@ class ShieldPolicy(Frozen):
 
 
 class StagePolicy(Frozen):
-    """Staged backends (sglang-omni): a budget per stage (gateway/admission/stages.py). A limit left None is
-    the server's own, as the pool's config and the backend's version tell it."""
+    """Staged backends (sglang-omni): a budget per stage (gateway/admission/engine_stages.py). A limit left
+    None is the server's own, as the pool's config and the backend's version tell it."""
 
     thinker: int | None = Field(default=None, ge=1, description="Thinker requests at once per backend.")
     talker: int | None = Field(default=None, ge=1, description="Talker requests at once per backend.")

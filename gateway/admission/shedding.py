@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from gateway.admission.queue import Ahead, Entry, SLOQueue
 from gateway.admission.settings import QueuePolicy
-from gateway.errors import ApiError, ErrorCode
+from gateway.request.errors import ApiError, ErrorCode
 
 SlotWait = Callable[[Entry, float, int], float | None]
 """(entry, now, requests ahead of it) → seconds until a backend could take it (Dispatcher.slot_wait)."""

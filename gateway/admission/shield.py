@@ -33,7 +33,7 @@ from gateway.admission.decision import Decision
 from gateway.admission.families import Ask
 from gateway.admission.settings import ShieldPolicy
 from gateway.backends.state import BackendState
-from gateway.ticket import Ticket
+from gateway.request.ticket import Ticket
 
 """The placement refusals a first byte or a predicted prefill end may lift."""
 

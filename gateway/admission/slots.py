@@ -30,7 +30,7 @@ from gateway.admission.blocks import Block
 from gateway.admission.decision import Decision, SlotRule
 from gateway.admission.families import Ask
 from gateway.backends.state import BackendState
-from gateway.ticket import Ticket
+from gateway.request.ticket import Ticket
 
 K = TypeVar("K")
 
@@ -78,7 +78,7 @@ class Holdings:
 class Slots:
     """The concurrency family, a `Budget` (families.py): the slots each band and tenant holds per
     backend, and the rules on who may take one. `places`: the talker places a staged backend's speaking
-    requests hold (stages.py), which its limit — the thinker's — does not count."""
+    requests hold (engine_stages.py), which its limit — the thinker's — does not count."""
 
     lasting = True
 

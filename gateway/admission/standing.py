@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from gateway.admission.decision import Decision
 from gateway.admission.slots import Holdings
-from gateway.ticket import Ticket
+from gateway.request.ticket import Ticket
 
 
 class RecentService:

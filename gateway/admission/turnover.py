@@ -25,7 +25,7 @@ from gateway.admission.decision import Decision
 from gateway.admission.families import Ask
 from gateway.backends.circuit import CircuitState
 from gateway.backends.state import BackendState
-from gateway.ticket import Ticket
+from gateway.request.ticket import Ticket
 
 TURNOVER_SAMPLES = 16
 """Recent releases per backend whose hold times are averaged."""

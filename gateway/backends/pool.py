@@ -1,4 +1,4 @@
-"""A pool of backends of one kind: one shared upstream client (gateway/upstream.py), live backend state,
+"""A pool of backends of one kind: one shared upstream client (gateway/relay/upstream.py), live backend state,
 the health-check loop that asks the kind's adapter to probe each backend, and the holds on requests a server
 runs on after the gateway left them (`holds.py`), settled after each probe."""
 
@@ -17,9 +17,9 @@ from gateway.backends.holds import Hold, Holds, predicted_end
 from gateway.backends.kinds import adapter_for
 from gateway.backends.settings import CircuitPolicy
 from gateway.backends.state import BackendState
-from gateway.config import PoolConfig
-from gateway.ticket import Ticket
-from gateway.upstream import KEEPALIVE_S, Upstream
+from gateway.relay.upstream import KEEPALIVE_S, Upstream
+from gateway.request.ticket import Ticket
+from gateway.settings.config import PoolConfig
 
 log = logging.getLogger("omnigate.backends")
 
@@ -52,7 +52,7 @@ class Pool:
         self.holds = Holds(grace_s=config.health_interval_s)
 
     async def start(self) -> None:
-        """Open the clients; timeouts come per request from the live policy (gateway/proxy.py). Health
+        """Open the clients; timeouts come per request from the live policy (gateway/relay/proxy.py). Health
         checks and scrapes go through a small aiohttp session of their own, off the request path."""
         self.client = self.upstream(self.config.max_connections, self.config.max_keepalive)
         self._probe = _probe_session(len(self.backends) * 2)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from gateway.ticket import PrefixKey
+from gateway.request.ticket import PrefixKey
 
 DEFAULT_CAPACITY_TOKENS = 1 << 18  # until the backend's KV pool is known
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gateway.estimate.media_lists import media_list_items
-from gateway.ticket import Cost, PrefixKey
+from gateway.request.ticket import Cost, PrefixKey
 
 MEDIA_PARTS = ("image_url", "input_audio", "audio_url", "video_url")
 SAMPLE_EDGE = 512  # characters of a media item's head and tail that name it

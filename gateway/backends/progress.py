@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.ticket import Prefill, Ticket
+from gateway.request.ticket import Prefill, Ticket
 
 PACE_WEIGHT = 0.2  # a new answer's share of the per-token time: a few dozen answers make the estimate
 

@@ -1,11 +1,11 @@
 """The circuit breaker's policy section: per pool under `pools.<name>.circuit`, defaults under
-`pool_defaults.circuit` (gateway/policy.py composes it; a reload applies to the next outcome)."""
+`pool_defaults.circuit` (gateway/livepolicy/policy.py composes it; a reload applies to the next outcome)."""
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from gateway.schema import Frozen
+from gateway.settings.schema import Frozen
 
 
 class CircuitPolicy(Frozen):

@@ -25,12 +25,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.admission.shares import SharedPool
+from gateway.admission.replica_shares import SharedPool
 from gateway.backends.state import BackendState
-from gateway.config import CoordinationConfig
+from gateway.coordination.registry import REGISTRY
 from gateway.coordination.scripts import ALLOCATE, LEAVE, RECENT, VTC
 from gateway.coordination.shares import Lease, Shares
-from gateway.replicas import REGISTRY
+from gateway.settings.config import CoordinationConfig
 
 log = logging.getLogger("omnigate.coordination")
 OUTAGE_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)

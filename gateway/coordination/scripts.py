@@ -4,8 +4,8 @@ Keys: 1 the backend's hash: one field `r:<replica>` per live replica, a JSON lea
 p the grant before it, a active, k reserved KV tokens, w demand as [[band, n], ...], r the slots it keeps
 for the top band, t the top band, s the top rank its shield saw within hold_s}; `owner` and
 `limit`, the replica that owns the backend's adaptive limit and its value; `rec_until` and `rec_n`, the
-recovery cap. 2 the registry of live replicas (gateway/replicas.py), which the call beats. Time is Redis's
-own `TIME`, so replicas on hosts with skewed clocks agree on every lease.
+recovery cap. 2 the registry of live replicas (gateway/coordination/registry.py), which the call beats. Time
+is Redis's own `TIME`, so replicas on hosts with skewed clocks agree on every lease.
 
 The call refreshes the caller's lease, drops expired ones (a killed replica's share returns), then splits
 the limit L max-min fairly between the live replicas by demand, band by band from the highest (a band is
@@ -27,7 +27,7 @@ replica, grant pairs of every live lease.
 
 from __future__ import annotations
 
-from gateway.replicas import BEAT_FUNCTION
+from gateway.coordination.registry import BEAT_FUNCTION
 
 ALLOCATE = (
     BEAT_FUNCTION

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.estimate.settings import BucketPolicy
-from gateway.ticket import Cost
+from gateway.request.ticket import Cost
 
 
 def classify(cost: Cost, policy: BucketPolicy, *, speaks: bool = False) -> str:

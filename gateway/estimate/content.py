@@ -12,15 +12,15 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import ApiError, ErrorCode
 from gateway.estimate.blob import MediaError
 from gateway.estimate.imagehead import HeaderError
 from gateway.estimate.media import price_audio, price_image, price_video
 from gateway.estimate.media_lists import media_list_items
 from gateway.estimate.settings import EstimationPolicy, ModelProfile
-from gateway.estimate.urlpolicy import MediaUrlPolicy, MediaUrlRefused
 from gateway.estimate.vision import AspectError
-from gateway.ticket import Cost
+from gateway.request.errors import ApiError, ErrorCode
+from gateway.request.media_urls import MediaUrlPolicy, MediaUrlRefused
+from gateway.request.ticket import Cost
 
 TextCounter = Callable[[str], int]
 _TOO_MANY = {

@@ -18,15 +18,15 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
-from gateway.errors import ApiError, ErrorCode
 from gateway.estimate.buckets import classify
 from gateway.estimate.content import ContentPricer, TextCounter
 from gateway.estimate.output import KeyedEwma, OutputEstimator
 from gateway.estimate.settings import BucketPolicy, EstimationPolicy, ModelProfile
 from gateway.estimate.speech import SpeechRate, voice_of
 from gateway.estimate.text import TokenizerCounter, estimate_text_tokens
-from gateway.estimate.urlpolicy import MediaUrlPolicy
-from gateway.ticket import Cost
+from gateway.request.errors import ApiError, ErrorCode
+from gateway.request.media_urls import MediaUrlPolicy
+from gateway.request.ticket import Cost
 
 _FALLBACK_PROFILE = ModelProfile()
 _NO_REMOTE_MEDIA = MediaUrlPolicy()

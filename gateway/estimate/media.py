@@ -2,8 +2,8 @@
 
 Each function returns (tokens, remote): `remote` is True when the item is a URL we priced from a hint or
 policy default instead of reading it. Every value enters through `media_source`, which applies the pool's
-media URL policy first (urlpolicy.py: MediaUrlRefused). Bad input raises MediaError/HeaderError with a
-reason; the caller (content.py) adds where in the request it happened.
+media URL policy first (gateway/request/media_urls.py: MediaUrlRefused). Bad input raises
+MediaError/HeaderError with a reason; the caller (content.py) adds where in the request it happened.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from gateway.estimate.audio import audio_tokens, clip_seconds
 from gateway.estimate.blob import Blob, MediaError, Source, parse_source
 from gateway.estimate.imagehead import HeaderError
 from gateway.estimate.settings import EstimationPolicy, ModelProfile
-from gateway.estimate.urlpolicy import MediaUrlPolicy, check_media_url
 from gateway.estimate.vision import image_tokens, video_tokens
+from gateway.request.media_urls import MediaUrlPolicy, check_media_url
 
 # Prefix lengths tried in turn: almost every header fits the first; JPEGs with big EXIF/ICC need more.
 _PREFIXES = (64, 4096, 65_536, 1 << 20)

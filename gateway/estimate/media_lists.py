@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.errors import ApiError, ErrorCode
+from gateway.request.errors import ApiError, ErrorCode
 
 MediaKind = Literal["image", "video", "audio"]
 MEDIA_LISTS: tuple[tuple[str, MediaKind], ...] = (

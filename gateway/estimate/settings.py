@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from gateway.schema import Frozen
+from gateway.settings.schema import Frozen
 
 VisionFamily = Literal["qwen2_vl", "llava_1_5", "llava_next", "internvl", "gemma3", "fixed"]
 AudioFamily = Literal["qwen2_5_omni", "qwen3_omni", "none"]

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 from gateway.observability.record import latencies
-from gateway.ticket import Outcome, Ticket
+from gateway.request.ticket import Outcome, Ticket
 
 _log = logging.getLogger("omnigate.access")
 

@@ -15,10 +15,10 @@ import anyio
 import httpx
 from pydantic import ValidationError
 
-from gateway.config import AlertsConfig, ConfigError, load_config
 from gateway.observability.notification import Notification
 from gateway.observability.sinks import Deliveries, SinkResult
-from gateway.schema import describe
+from gateway.settings.config import AlertsConfig, ConfigError, load_config
+from gateway.settings.schema import describe
 
 
 def alerts_config(value: AlertsConfig | dict[str, Any]) -> AlertsConfig:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from gateway.observability.notification import Notification
 from gateway.observability.settings import AlertThresholds
-from gateway.ticket import Ticket
+from gateway.request.ticket import Ticket
 
 _ERROR_CHARS = 300
 _BREAKDOWN_LINES = 5

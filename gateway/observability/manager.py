@@ -18,13 +18,13 @@ import httpx
 from anyio.abc import TaskGroup
 
 from gateway.backends.circuit import CircuitState, Transition
-from gateway.config import AlertsConfig
 from gateway.observability import metrics as m
 from gateway.observability.failures import FailureEvent, FailureThrottle
 from gateway.observability.notification import Kind, Notification, Severity
 from gateway.observability.rules import AlertInputs, RuleEngine
 from gateway.observability.settings import AlertThresholds, RuleName
 from gateway.observability.sinks import Deliveries
+from gateway.settings.config import AlertsConfig
 
 log = logging.getLogger("omnigate.alerts")
 

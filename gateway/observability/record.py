@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from gateway.backends.circuit import Transition
 from gateway.backends.state import BackendState
-from gateway.errors import RejectionReason
 from gateway.observability import metrics as m
 from gateway.observability.rolling import ClassStats
-from gateway.ticket import Outcome, Ticket
+from gateway.request.errors import RejectionReason
+from gateway.request.ticket import Outcome, Ticket
 
 CIRCUIT_STATES = ("closed", "open", "half_open")
 
@@ -112,7 +112,8 @@ def _estimation(t: Ticket) -> None:
 
 
 def record_rejection(t: Ticket, reason: RejectionReason) -> None:
-    """A request the gateway refused, counted by its reason (gateway/errors.py: `rejection_reason`)."""
+    """A request the gateway refused, counted by its reason (gateway/request/errors.py:
+    `rejection_reason`)."""
     m.REJECTIONS.labels(reason, t.traffic_class).inc()
     _requests(t.pool, t.traffic_class, t.tenant, t.bucket, t.band, Outcome.REJECTED).inc()
 

@@ -1,6 +1,6 @@
 """Alert thresholds: a policy section (key `alerts` in policies/*.yaml) that ops tune live; a reload takes
 effect at the next evaluation. Where notifications go and how they are delivered is deployment config
-(`AlertsConfig`, key `alerts` in config/gateway.yaml, in gateway/config.py), read once at start.
+(`AlertsConfig`, key `alerts` in config/gateway.yaml, in gateway/settings/config.py), read once at start.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from gateway.schema import Frozen, FrozenDict
+from gateway.settings.schema import Frozen, FrozenDict
 
 RuleName = Literal["queue_depth", "ttft_slo", "tpot_slo", "kv_usage", "backend_down", "rejection_rate"]
 

@@ -18,9 +18,9 @@ from typing import Any
 import anyio
 import httpx
 
-from gateway.config import AlertsConfig, SinkConfig
 from gateway.observability import metrics as m
 from gateway.observability.notification import Notification
+from gateway.settings.config import AlertsConfig, SinkConfig
 
 log = logging.getLogger("omnigate.alerts")
 

@@ -1,8 +1,8 @@
 """OpenTelemetry traces: one span per request after the GenAI semantic conventions, exported over OTLP/HTTP.
 
-Imported only when `tracing.enabled` (gateway/replica.py): a gateway without it loads none of this and its
-requests pay nothing. With it, the request's way is instrumented from outside, at start-up, so that
-gateway/pipeline.py holds no tracing code:
+Imported only when `tracing.enabled` (gateway/process/replica.py): a gateway without it loads none of this and
+its requests pay nothing. With it, the request's way is instrumented from outside, at start-up, so that
+gateway/http/pipeline.py holds no tracing code:
 
 - the completion endpoints are wrapped (`Tracing.serve`): the request span starts there, child of the
   client's `traceparent`, and is the current one for the request's task (a context variable);
@@ -35,9 +35,9 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.config import TracingConfig
-from gateway.ticket import FAILED_OUTCOMES, Ticket
-from gateway.upstream import Response, Upstream
+from gateway.relay.upstream import Response, Upstream
+from gateway.request.ticket import FAILED_OUTCOMES, Ticket
+from gateway.settings.config import TracingConfig
 
 Stage = TypeVar("Stage", bound=Callable[..., Awaitable[Any]])
 

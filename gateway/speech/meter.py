@@ -9,7 +9,7 @@ Definitions (docs/decisions/0250-speech-through-the-relay.md):
 - **stall**: a chunk that arrives after the audio before it has finished playing, for a player that starts
   at the first chunk and resumes at each late one.
 - **speed** (while it streams): audio seconds per wall second over its last few chunks — what the server
-  makes for this stream now; admission sums it over a backend's streams (gateway/admission/stages.py).
+  makes for this stream now; admission sums it over a backend's streams (gateway/admission/engine_stages.py).
 """
 
 from __future__ import annotations

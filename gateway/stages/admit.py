@@ -18,17 +18,17 @@ from starlette.requests import Request
 
 from gateway.backends.pool import Pool
 from gateway.backends.prefix_key import prefix_key
-from gateway.errors import ApiError, ErrorCode
 from gateway.estimate.estimator import Estimator
 from gateway.estimate.speech import voice_of
+from gateway.livepolicy.policy import Policy
 from gateway.observability import record
-from gateway.openai_api import ParsedRequest
-from gateway.policy import Policy
-from gateway.ratelimits import ratelimit_headers
+from gateway.request.errors import ApiError, ErrorCode
+from gateway.request.openai_api import ParsedRequest
+from gateway.request.ticket import Ticket
 from gateway.stages.route import Router
 from gateway.tenants.models import Tenant
+from gateway.tenants.ratelimit_headers import ratelimit_headers
 from gateway.tenants.service import QuotaExceeded, Reservation, TenantService
-from gateway.ticket import Ticket
 
 QUOTA_WAIT_MAX_S = 60.0  # a tenant that may wait for its quota never waits for a refill longer than this
 # a client deadline only ever tightens the class's; past a week it means nothing, and an unbounded integer

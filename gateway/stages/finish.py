@@ -14,10 +14,10 @@ from dataclasses import replace
 
 import anyio
 
+from gateway.request.ticket import Ending, Outcome, Ticket
 from gateway.stages.measure import Measure
 from gateway.tenants.charge import billable, charged_prompt
 from gateway.tenants.service import Reservation, TenantService
-from gateway.ticket import Ending, Outcome, Ticket
 
 log = logging.getLogger("omnigate")
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from gateway.errors import CAPACITY_REJECTIONS, rejection_reason
 from gateway.estimate.estimator import Estimator
+from gateway.livepolicy.reloader import PolicyHolder
 from gateway.observability import metrics, record
 from gateway.observability.accesslog import AccessLog
 from gateway.observability.failures import FailureEvent
 from gateway.observability.manager import AlertManager
 from gateway.observability.rolling import SloTracker
-from gateway.reloader import PolicyHolder
-from gateway.ticket import FAILED_OUTCOMES, Outcome, Ticket
+from gateway.request.errors import CAPACITY_REJECTIONS, rejection_reason
+from gateway.request.ticket import FAILED_OUTCOMES, Outcome, Ticket
 
 
 class Measure:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gateway.backends.pool import Pool
-from gateway.errors import ApiError, ErrorCode
-from gateway.policy import Policy
+from gateway.livepolicy.policy import Policy
+from gateway.request.errors import ApiError, ErrorCode
 
 
 class Router:

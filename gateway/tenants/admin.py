@@ -1,8 +1,8 @@
 """Admin routes for tenants, keys and usage (mount under /admin), and the tenant-facing /v1/usage route.
 
-Every admin route checks the admin bearer token first (constant time, gateway/admin_auth.py), so a tenant
-key gets 403 there. The tenant route answers only for the key's own tenant: there is no tenant id to pass.
-Requests and answers are the pydantic models /admin/openapi.json publishes (gateway/tenants/openapi.py);
+Every admin route checks the admin bearer token first (constant time, gateway/request/admin_auth.py), so a
+tenant key gets 403 there. The tenant route answers only for the key's own tenant: there is no tenant id to
+pass. Requests and answers are the pydantic models /admin/openapi.json publishes (gateway/tenants/openapi.py);
 bodies parse strictly (no true for 1, no "3" for 3). One route per path carries all its methods, so a
 method it lacks gets 405 with `Allow` naming the others.
 """
@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.admin_auth import require_admin
+from gateway.request.admin_auth import require_admin
 from gateway.tenants.http import Endpoint, int_query, json_response, parse_body, rendering_errors
 from gateway.tenants.models import (
     Deleted,

@@ -3,12 +3,12 @@
 The rule (documented in the tenants README, "What a request is charged"):
 - The engine reported `usage` (a complete answer, or a stream that ended with its usage chunk): exactly that.
   A stream whose client left (or that a deadline ended) is ended on the engine where its kind can
-  (SGLang's `/abort_request`, gateway/stream_end.py), and the usage it closes with is charged: the engine
+  (SGLang's `/abort_request`, gateway/http/stream_end.py), and the usage it closes with is charged: the engine
   says what it ran (0/0 for one it dropped from its waiting queue).
 - The request never reached an engine (refused, cancelled while queued or before its body was sent, or
   every attempt was refused by the backend or could not connect): no tokens. It still counted as a
   request (rpm, `requests`). It reached the engine once its body was written to the engine's connection
-  (gateway/proxy.py `sent`): an engine notices a closed connection only later, so it runs the prefill.
+  (gateway/relay/proxy.py `sent`): an engine notices a closed connection only later, so it runs the prefill.
 - It reached an engine and its client left before the engine was predicted to start its prefill (the
   engine's waiting queue, gateway/backends/progress.py), on a server that drops a request whose
   connection closed: no tokens — SGLang's scheduler removes an aborted request from its waiting queue
@@ -32,8 +32,8 @@ import math
 from enum import StrEnum
 
 from gateway.backends.progress import EngineProgress
+from gateway.request.ticket import Outcome, Ticket, Usage
 from gateway.tenants import metrics
-from gateway.ticket import Outcome, Ticket, Usage
 
 
 class Inferred(StrEnum):

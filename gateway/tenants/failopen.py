@@ -1,8 +1,8 @@
 """Fail-open limits: what one replica may admit on its own while the shared store is down.
 
 A replica gets its share of each tenant's quota — 1/N of it, N the live replicas it last saw in the
-registry of live replicas (gateway/replicas.py) — and starts from the tenant's last known state, not from
-full buckets:
+registry of live replicas (gateway/coordination/registry.py) — and starts from the tenant's last known state,
+not from full buckets:
 - per-minute limit L: a local bucket of capacity L/N that starts at (last known level)/N, so all N
   replicas together start where the shared bucket was and refill at its rate;
 - concurrency: max_concurrent/N (at least 1);

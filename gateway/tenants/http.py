@@ -13,8 +13,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import ApiError, ErrorCode
-from gateway.schema import describe, location
+from gateway.request.errors import ApiError, ErrorCode
+from gateway.settings.schema import describe, location
 
 M = TypeVar("M", bound=BaseModel)
 Endpoint = Callable[[Request], Awaitable[Response]]

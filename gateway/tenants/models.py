@@ -15,7 +15,7 @@ from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from gateway.schema import Frozen
+from gateway.settings.schema import Frozen
 
 OverQuota = Literal["reject", "wait"]
 TENANT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"

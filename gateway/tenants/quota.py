@@ -26,7 +26,7 @@ import functools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gateway.errors import ErrorCode
+from gateway.request.errors import ErrorCode
 from gateway.tenants.models import Quotas
 
 BUCKET_LIMITS = ("input_tpm", "output_tpm", "total_tpm", "rpm", "audio_spm")

@@ -43,7 +43,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway import replicas
+from gateway.coordination import registry
 from gateway.tenants import metrics
 from gateway.tenants.failopen import Known
 from gateway.tenants.models import KeyRecord, Quotas, TenantSpec
@@ -110,7 +110,7 @@ class RedisStore(Store):
         self.slow = False  # a request-path call missed its deadline and no probe has answered in time since
         self._probe: asyncio.Task[None] | None = None
         self.channel = prefix + "changes"
-        self.replica_id = replica or replicas.replica_name()
+        self.replica_id = replica or registry.replica_name()
         # A blocking pool: a burst of admissions waits for a free connection instead of failing. A command
         # on a broken connection (a pooled one Redis dropped when it restarted) is sent once more on a new
         # one — every call here may be repeated (redis_scripts.py) — so a restart costs no request a 503.
@@ -127,7 +127,7 @@ class RedisStore(Store):
         self._settle = self.redis.register_script(SETTLE)
         self._levels = self.redis.register_script(LEVELS)
         self._record = self.redis.register_script(RECORD)
-        self._beat = self.redis.register_script(replicas.BEAT)
+        self._beat = self.redis.register_script(registry.BEAT)
         self._batch = ScriptBatch(self.redis)  # the per-request scripts, one pipeline per loop turn
         self._tenants: dict[str, TenantSpec] = {}
         self._keys: dict[str, KeyRecord] = {}
@@ -466,7 +466,7 @@ class RedisStore(Store):
         """Beat, count live replicas, and see whether Redis still holds what was seeded."""
 
         async def probe() -> tuple[int, bool]:
-            live = await replicas.beat(self._beat, self.prefix + replicas.REGISTRY, self.replica_id)
+            live = await registry.beat(self._beat, self.prefix + registry.REGISTRY, self.replica_id)
             return live, not await self.redis.exists(self.prefix + "seeded")
 
         self._down_until = 0.0  # the check is what notices a recovery: it never waits out the back-off

@@ -22,9 +22,9 @@ from typing import Any, Literal
 import anyio
 from pydantic import Field, ValidationError
 
-from gateway.config import StoreConfig
-from gateway.errors import ApiError, ErrorCode
-from gateway.schema import describe
+from gateway.request.errors import ApiError, ErrorCode
+from gateway.settings.config import StoreConfig
+from gateway.settings.schema import describe
 from gateway.tenants import failopen, metrics
 from gateway.tenants.memory_store import MemoryStore
 from gateway.tenants.models import (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from gateway.schema import Frozen
+from gateway.settings.schema import Frozen
 from gateway.tenants.models import OverQuota, Quotas
 
 

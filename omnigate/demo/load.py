@@ -11,7 +11,7 @@ import time
 
 from pydantic import ValidationError
 
-from gateway.schema import describe
+from gateway.settings.schema import describe
 from loadtest.arrivals import constant_shape, schedule
 from loadtest.client import send
 from loadtest.http import HttpPool

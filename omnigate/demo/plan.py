@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 
-from gateway.config import ConfigError, parse_config
-from gateway.schema import Frozen, FrozenDict, describe
+from gateway.settings.config import ConfigError, parse_config
+from gateway.settings.schema import Frozen, FrozenDict, describe
 from loadtest.ports import free_port
 
 DEFAULT_PORT = 8080

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.policy import PolicyError, load_policy
+from gateway.livepolicy.policy import PolicyError, load_policy
 from omnigate.demo.load import Load
 from omnigate.demo.plan import DEFAULT_PORT, DemoError, Plan, build_plan, choose_port, default_config
 from omnigate.demo.processes import ChildFailed, Children, wait_ready

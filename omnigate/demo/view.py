@@ -22,7 +22,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gateway.errors import CAPACITY_REJECTIONS, rejection_reason
+from gateway.request.errors import CAPACITY_REJECTIONS, rejection_reason
 from loadtest.metrics import percentile, tpot
 from loadtest.records import RequestRecord
 from loadtest.scrape import parse_prometheus

@@ -17,8 +17,8 @@ from gateway.admission.queue import Entry, effective_deadline
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import PoolBudgets
 from gateway.backends.state import BackendState
-from gateway.policy import Policy
-from gateway.ticket import Cost, Ticket
+from gateway.livepolicy.policy import Policy
+from gateway.request.ticket import Cost, Ticket
 
 
 class FakeClock:

@@ -8,7 +8,7 @@ from gateway.admission.fairness import VirtualTokenCounters
 from gateway.admission.queue import Entry, SLOQueue
 from gateway.admission.settings import PoolBudgets
 from gateway.backends.state import BackendState
-from gateway.ticket import Ticket
+from gateway.request.ticket import Ticket
 from tests.admission.helpers import backends, decision, entry, miss, ticket
 
 BUDGETS = PoolBudgets(prefill_tokens_per_round=1000, kv_watermark=0.5, bucket_caps={"multi_image": 1})

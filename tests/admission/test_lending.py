@@ -9,8 +9,8 @@ from typing import Any
 
 from gateway.admission.scheduler import PoolScheduler
 from gateway.backends.state import BackendState
-from gateway.policy import Policy
-from gateway.ticket import Ticket
+from gateway.livepolicy.policy import Policy
+from gateway.request.ticket import Ticket
 from tests.admission.helpers import FakeClock, policy, spawn, ticket
 
 

@@ -19,8 +19,8 @@ from gateway.admission.limits import (
 )
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import ControllerPolicy, SLOClass
-from gateway.pipeline import engine_latencies
-from gateway.ticket import Relayed, Usage
+from gateway.http.pipeline import engine_latencies
+from gateway.request.ticket import Relayed, Usage
 from tests.admission.helpers import FakeClock, backends, policy, ticket
 
 

@@ -12,7 +12,7 @@ from gateway.admission.dispatch import Dispatcher
 from gateway.admission.limits import Sample
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import PoolBudgets
-from gateway.errors import ApiError
+from gateway.request.errors import ApiError
 from tests.admission.helpers import FakeClock, backends, decision, miss, policy, settle, ticket
 
 METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_fraction=1.0)

@@ -9,7 +9,7 @@ from gateway.admission.dispatch import Dispatcher
 from gateway.admission.placement import Placement
 from gateway.admission.settings import PlacementPolicy, PoolBudgets
 from gateway.backends.state import BackendState
-from gateway.ticket import PrefixKey, Ticket
+from gateway.request.ticket import PrefixKey, Ticket
 from tests.admission.helpers import backends, decision, miss, ticket
 
 CONVERSATION = PrefixKey((b"sys", b"turn1", b"turn2"), (200, 1800, 2000), session=b"conv-1")

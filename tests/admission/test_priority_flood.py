@@ -18,8 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from gateway.admission.scheduler import Lease, PoolScheduler
-from gateway.errors import ApiError
-from gateway.ticket import Ticket, Usage
+from gateway.request.errors import ApiError
+from gateway.request.ticket import Ticket, Usage
 from tests.admission.helpers import FakeClock, backends, policy, settle, ticket
 
 RATE = 10_000.0  # engine prefill tokens/s per backend

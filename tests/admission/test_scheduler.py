@@ -11,9 +11,9 @@ import pytest
 from gateway.admission.decision import Decision
 from gateway.admission.scheduler import Lease, PoolScheduler
 from gateway.backends.state import BackendState
-from gateway.errors import ApiError
-from gateway.policy import Policy
-from gateway.ticket import Ticket, Usage
+from gateway.livepolicy.policy import Policy
+from gateway.request.errors import ApiError
+from gateway.request.ticket import Ticket, Usage
 from tests.admission.helpers import FakeClock, backends, policy, settle, spawn, ticket
 
 FIXED_1 = {"algorithm": "fixed", "initial": 1, "min": 1, "max": 1}

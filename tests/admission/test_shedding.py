@@ -8,7 +8,7 @@ from gateway.admission.fairness import VirtualTokenCounters
 from gateway.admission.queue import SLOQueue
 from gateway.admission.settings import QueuePolicy
 from gateway.admission.shedding import PrefillRate, QueueGuard
-from gateway.errors import ApiError
+from gateway.request.errors import ApiError
 from tests.admission.helpers import entry, policy, ticket
 
 # Numbers are binary fractions so predicted times compare exactly: rate 1000 tokens/s per backend.

@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from gateway.admission.scheduler import Lease, PoolScheduler
-from gateway.errors import ApiError
-from gateway.policy import Policy
+from gateway.livepolicy.policy import Policy
+from gateway.request.errors import ApiError
 from tests.admission.helpers import FakeClock, backends, policy, settle, spawn, ticket
 
 FIXED_8 = {"algorithm": "fixed", "initial": 8, "min": 8, "max": 8}

@@ -15,7 +15,7 @@ from gateway.admission.queue import SLOQueue
 from gateway.admission.scheduler import PoolScheduler
 from gateway.admission.settings import PoolBudgets
 from gateway.admission.standing import RecentService
-from gateway.ticket import Usage
+from gateway.request.ticket import Usage
 from tests.admission.helpers import FakeClock, backends, decision, entry, miss, policy, settle, ticket
 
 METERED = PoolBudgets(prefill_tokens_per_round=1000, round_s=0.1, prefill_rate_fraction=1.0)

@@ -9,7 +9,7 @@ import pytest
 
 from gateway.admission.lease import Lease
 from gateway.admission.scheduler import PoolScheduler
-from gateway.policy import Policy
+from gateway.livepolicy.policy import Policy
 from tests.admission.helpers import FakeClock, backends, policy, settle, spawn, ticket
 
 pytestmark = pytest.mark.unit

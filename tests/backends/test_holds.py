@@ -6,7 +6,7 @@ import pytest
 
 from gateway.backends.holds import Hold, Holds, predicted_end
 from gateway.backends.state import BackendState
-from gateway.ticket import Cost, Relayed, Ticket, Usage
+from gateway.request.ticket import Cost, Relayed, Ticket, Usage
 
 URL = "http://b:1"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from gateway.backends.prefix_index import PrefixIndex
 from gateway.backends.prefix_key import media_sample, prefix_key
-from gateway.ticket import Cost, PrefixKey
+from gateway.request.ticket import Cost, PrefixKey
 
 SYSTEM = {"role": "system", "content": "You are helpful. " * 40}  # 680 characters: two chunks of 512
 

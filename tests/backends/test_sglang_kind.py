@@ -9,9 +9,7 @@ from gateway.backends.kinds import adapter_for
 from gateway.backends.kinds.base import Capacity, Stage, StageUnit
 from gateway.backends.kinds.sglang import SGLang
 from gateway.backends.state import BackendState
-from gateway.config import PoolConfig
-from gateway.errors import ErrorCode
-from gateway.proxy import (
+from gateway.relay.proxy import (
     BrokenBeforeFirstByte,
     BrokenMidStream,
     FirstByteTimeout,
@@ -21,7 +19,9 @@ from gateway.proxy import (
     UpstreamConnectError,
     UpstreamStatusError,
 )
-from gateway.ticket import Ticket
+from gateway.request.errors import ErrorCode
+from gateway.request.ticket import Ticket
+from gateway.settings.config import PoolConfig
 
 
 def _pool(**kw: object) -> PoolConfig:

@@ -11,9 +11,9 @@ import pytest
 
 from gateway.backends.kinds.errors import upstream_error
 from gateway.backends.kinds.sglang_omni_scrape import read_omni_metrics
-from gateway.proxy import BrokenMidStream, CutAfterHeaders, UpstreamStatusError
+from gateway.relay.proxy import BrokenMidStream, CutAfterHeaders, UpstreamStatusError
+from gateway.relay.sse import SSERelay, leading_error
 from gateway.speech.pcm import PcmFormat
-from gateway.sse import SSERelay, leading_error
 from tests.backends.test_sglang_omni_kind import _omni, _state
 
 QUEUE_FULL = "The request queue is full."

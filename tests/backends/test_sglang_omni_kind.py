@@ -10,9 +10,7 @@ from gateway.backends.kinds.base import Capacity, Stage, StageUnit, Verdict
 from gateway.backends.kinds.sglang_omni import SGLangOmni
 from gateway.backends.kinds.sglang_omni_scrape import OmniGauges, read_omni_metrics
 from gateway.backends.state import BackendState
-from gateway.config import ConfigError, PoolConfig, parse_config
-from gateway.errors import ApiError
-from gateway.proxy import (
+from gateway.relay.proxy import (
     BrokenBeforeFirstByte,
     BrokenMidStream,
     CutAfterHeaders,
@@ -23,7 +21,9 @@ from gateway.proxy import (
     UpstreamError,
     UpstreamStatusError,
 )
-from gateway.ticket import Cost, Ticket
+from gateway.request.errors import ApiError
+from gateway.request.ticket import Cost, Ticket
+from gateway.settings.config import ConfigError, PoolConfig, parse_config
 
 
 def _pool(**kw: object) -> PoolConfig:

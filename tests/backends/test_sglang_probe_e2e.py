@@ -20,7 +20,7 @@ from starlette.routing import Route
 from gateway.backends.kinds import adapter_for
 from gateway.backends.kinds.sglang import SGLang
 from gateway.backends.state import BackendState
-from gateway.config import PoolConfig
+from gateway.settings.config import PoolConfig
 from tests.support.servers import serve
 
 pytestmark = pytest.mark.e2e

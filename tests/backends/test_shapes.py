@@ -9,7 +9,7 @@ import orjson
 
 from gateway.backends.kinds import adapter_for
 from gateway.backends.kinds.shapes import to_content_parts, to_media_lists
-from gateway.config import PoolConfig
+from gateway.settings.config import PoolConfig
 
 
 def _parts_body() -> dict[str, Any]:

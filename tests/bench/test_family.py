@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import family
-from bench._family import (
+from bench.common.workload_family import (
     REPORT_SEEDS_FROM,
     Figures,
     Outcome,
@@ -141,7 +141,7 @@ def test_probes_are_spaced_and_at_most_n() -> None:
 
 
 def test_ablations_only_touch_existing_policy_keys() -> None:
-    from gateway.policy import load_policy
+    from gateway.livepolicy.policy import load_policy
 
     base = family.with_probe_class(load_policy(family.ROOT / "policies" / "default.yaml"))
     assert base.queue.classes["probe"].shed_by_deadline is False

@@ -3,14 +3,8 @@ run (no process is started)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import scheduling
-
-from bench._conversations import plan
+from bench import scheduling
+from bench.common.conversations import plan
 from loadtest.records import RequestRecord
 
 

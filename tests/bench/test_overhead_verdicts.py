@@ -3,16 +3,12 @@ no process is started)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import overhead
-from _servers import STREAM_BODY, STREAM_CHUNKS, WHOLE_BODY
+from bench import overhead
+from bench.common.servers import STREAM_BODY, STREAM_CHUNKS, WHOLE_BODY
 
 
 def _result(rps: float = 0.0, p50: float = 0.0, us: float = 0.0, cpu: float = 0.0) -> dict[str, Any]:

@@ -4,15 +4,10 @@ count of those that met the SLO (pure: no process is started)."""
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import scheduling
-
+from bench import scheduling
 from loadtest.records import RequestRecord
 
 

@@ -10,8 +10,8 @@ import orjson
 import pytest
 import redis
 
+from gateway.coordination.registry import BEAT, REGISTRY
 from gateway.coordination.scripts import ALLOCATE
-from gateway.replicas import BEAT, REGISTRY
 
 pytestmark = pytest.mark.e2e
 

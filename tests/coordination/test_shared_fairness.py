@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from gateway.admission.scheduler import PoolScheduler
-from gateway.config import CoordinationConfig
 from gateway.coordination.coordinator import Coordinator
+from gateway.settings.config import CoordinationConfig
 from tests.admission.helpers import FakeClock, backends, policy, settle, spawn, ticket
 
 pytestmark = pytest.mark.e2e

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.admission.scheduler import PoolScheduler
-from gateway.config import CoordinationConfig
 from gateway.coordination.coordinator import Coordinator
+from gateway.settings.config import CoordinationConfig
 from tests.admission.helpers import FakeClock, backends, policy, spawn, ticket
 
 pytestmark = pytest.mark.e2e

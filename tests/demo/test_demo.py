@@ -468,7 +468,7 @@ def test_refusals_are_split_into_capacity_and_tenant_quota_with_tenant_ids() -> 
 
 
 def test_the_objectives_are_the_running_policys() -> None:
-    from gateway.policy import load_policy
+    from gateway.livepolicy.policy import load_policy
 
     goals = objectives(load_policy(ROOT / "policies" / "default.yaml"))
     assert goals == {"interactive": Objective(2000.0, 60.0), "offline": Objective(None, None)}

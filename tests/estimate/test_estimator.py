@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import ApiError
 from gateway.estimate.estimator import Estimator
 from gateway.estimate.settings import BucketPolicy, EstimationPolicy, ModelProfile
 from gateway.estimate.text import estimate_text_tokens
-from gateway.estimate.urlpolicy import MediaUrlPolicy
+from gateway.request.errors import ApiError
+from gateway.request.media_urls import MediaUrlPolicy
 from tests.estimate.helpers import b64, chat, data_uri, image_bytes, image_part, wav_bytes
 
 QWEN = ModelProfile(match="qwen*", context_length=32768, default_max_tokens=2048)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gateway.estimate.media_lists import ListItem, media_list_items
-from gateway.estimate.urlpolicy import MediaUrlPolicy
+from gateway.request.media_urls import MediaUrlPolicy
 from tests.estimate.helpers import b64, data_uri, image_bytes, image_part, wav_bytes
 from tests.estimate.test_estimator import make, rejected
 

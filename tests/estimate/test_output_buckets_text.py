@@ -10,7 +10,7 @@ from gateway.estimate.buckets import classify
 from gateway.estimate.output import OutputEstimator
 from gateway.estimate.settings import BucketPolicy
 from gateway.estimate.text import estimate_text_tokens
-from gateway.ticket import Cost
+from gateway.request.ticket import Cost
 
 
 def test_output_default_until_enough_samples_then_plain_mean() -> None:

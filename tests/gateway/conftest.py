@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gateway.app import create_app
-from gateway.config import GatewayConfig, parse_config
+from gateway.http.app import create_app
+from gateway.settings.config import GatewayConfig, parse_config
 from tests.support.fake_sglang import Behaviour, Record, make_app
 from tests.support.servers import ServerThread, free_port, serve
 

@@ -15,7 +15,7 @@ from gateway.backends.circuit import CircuitState, Transition
 from gateway.backends.pool import Pool
 from gateway.backends.settings import CircuitPolicy
 from gateway.backends.state import BackendState
-from gateway.config import PoolConfig
+from gateway.settings.config import PoolConfig
 
 CLOSED, OPEN, HALF_OPEN = CircuitState.CLOSED, CircuitState.OPEN, CircuitState.HALF_OPEN
 

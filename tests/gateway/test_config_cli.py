@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gateway.config import ConfigError, load_config, parse_config
+from gateway.settings.config import ConfigError, load_config, parse_config
 from omnigate.cli import main
 from tests.gateway.conftest import ADMIN
 

@@ -16,11 +16,11 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from gateway.app import create_app
-from gateway.errors import ApiError
 from gateway.estimate.estimator import Estimator
-from gateway.openai_api import parse_request
-from gateway.policy import Policy
+from gateway.http.app import create_app
+from gateway.livepolicy.policy import Policy
+from gateway.request.errors import ApiError
+from gateway.request.openai_api import parse_request
 from tests.gateway.conftest import gateway_config
 from tests.gateway.fuzz_inputs import MODEL, envelope
 from tests.support.fake_sglang import Behaviour, make_app

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.edge import HeadCork
+from gateway.http.edge import HeadCork
 
 pytestmark = pytest.mark.unit
 

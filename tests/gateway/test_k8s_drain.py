@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from gateway.config import parse_config
-from gateway.server import CLOSE_GRACE_S
+from gateway.http.server import CLOSE_GRACE_S
+from gateway.settings.config import parse_config
 
 K8S = Path(__file__).resolve().parents[2] / "config" / "k8s"
 

@@ -10,9 +10,9 @@ import httpx
 import pytest
 from PIL import Image
 
-from gateway.app import create_app
 from gateway.estimate.estimator import Estimator
-from gateway.policy import Policy
+from gateway.http.app import create_app
+from gateway.livepolicy.policy import Policy
 from loadtest.sim.config import SimConfig
 from loadtest.sim.server import create_app as create_sim
 from tests.gateway.conftest import gateway_config

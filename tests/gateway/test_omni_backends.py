@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from gateway.backends.kinds.sglang_omni_scrape import read_omni_metrics
-from gateway.sse import error_event
+from gateway.relay.sse import error_event
 from tests.gateway.conftest import ADMIN
 from tests.support.processes import ManagedProcess, Processes
 from tests.support.servers import ServerThread, serve

@@ -16,9 +16,9 @@ import openai
 import pytest
 import yaml
 
-from gateway.app import create_app
-from gateway.config import parse_config
-from gateway.ratelimits import go_duration
+from gateway.http.app import create_app
+from gateway.settings.config import parse_config
+from gateway.tenants.ratelimit_headers import go_duration
 from loadtest.sim.config import SimConfig
 from loadtest.sim.profile import load_profile
 from loadtest.sim.server import create_app as create_sim

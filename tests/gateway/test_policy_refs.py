@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from gateway.backends.pool import Pool
-from gateway.config import PoolConfig, parse_config
-from gateway.errors import ApiError
-from gateway.policy import PolicyError, parse_policy
-from gateway.policy_refs import check_refs, unknown_refs
-from gateway.reloader import PolicyHolder
-from gateway.replica import Gateway
+from gateway.livepolicy.policy import PolicyError, parse_policy
+from gateway.livepolicy.refs import check_refs, unknown_refs
+from gateway.livepolicy.reloader import PolicyHolder
+from gateway.process.replica import Gateway
+from gateway.request.errors import ApiError
+from gateway.settings.config import PoolConfig, parse_config
 from gateway.stages.route import Router
 from omnigate.cli import main
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.pipeline import client_headers
-from gateway.ticket import Ticket
+from gateway.http.pipeline import client_headers
+from gateway.request.ticket import Ticket
 
 
 def test_the_predicted_first_token_is_sent_in_ms_from_arrival() -> None:

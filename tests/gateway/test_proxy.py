@@ -9,7 +9,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.sse import error_event
+from gateway.relay.sse import error_event
 from tests.gateway.conftest import ADMIN, dead_url
 from tests.support.fake_sglang import expected_stream
 from tests.support.waiting import wait_for

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import ErrorCode, RejectionReason, rejection_reason
+from gateway.request.errors import ErrorCode, RejectionReason, rejection_reason
 
 GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 

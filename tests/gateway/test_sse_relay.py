@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gateway.sse import SSERelay
+from gateway.relay.sse import SSERelay
 from tests.support.fake_sglang import chunk, expected_stream
 
 USAGE = {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}

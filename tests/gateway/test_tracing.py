@@ -230,7 +230,8 @@ def test_tracing_off_loads_no_opentelemetry() -> None:
     prefixes = ("gateway.observability.tracing", "opentelemetry.sdk.trace", "opentelemetry.exporter")
     code = (
         f"PREFIXES = {prefixes!r}; "
-        "import sys; from gateway.app import create_app; from gateway.config import parse_config; "
+        "import sys; from gateway.http.app import create_app; "
+        "from gateway.settings.config import parse_config; "
         "create_app(parse_config({'store': {'kind': 'memory'}, 'policy_path': 'policies/default.yaml', "
         "'pools': [{'name': 'interactive', 'models': ['m'], 'backends': ['http://127.0.0.1:9']}]}, "
         "environ={})); print(sorted(m for m in sys.modules if m.startswith(PREFIXES)))"

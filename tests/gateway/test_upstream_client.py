@@ -1,4 +1,5 @@
-"""gateway/upstream.py against raw asyncio servers on loopback: framing, keep-alive, limits, failures."""
+"""gateway/relay/upstream.py against raw asyncio servers on loopback: framing, keep-alive, limits,
+failures."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from gateway.upstream import ConnectFailed, ConnectionBroken, Upstream
+from gateway.relay.upstream import ConnectFailed, ConnectionBroken, Upstream
 
 pytestmark = pytest.mark.e2e
 

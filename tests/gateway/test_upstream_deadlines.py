@@ -15,7 +15,7 @@ import orjson
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from gateway.sse import error_event
+from gateway.relay.sse import error_event
 from tests.support.fake_sglang import expected_stream
 from tests.support.servers import serve
 from tests.support.waiting import wait_for

@@ -6,7 +6,7 @@ import time
 
 import anyio
 
-from gateway.proxy import IdleTimeout, TotalTimeout, Watchdog
+from gateway.relay.proxy import IdleTimeout, TotalTimeout, Watchdog
 
 
 async def test_relaying_never_counts_as_an_idle_gap():

@@ -17,8 +17,8 @@ import httpx
 import yaml
 from starlette.applications import Starlette
 
-from gateway.app import create_app
-from gateway.config import parse_config
+from gateway.http.app import create_app
+from gateway.settings.config import parse_config
 from loadtest.sim.config import SimConfig
 from loadtest.sim.server import create_app as create_sim
 from tests.support.servers import ServerThread, serve

@@ -24,8 +24,8 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.app import create_app
-from gateway.config import parse_config
+from gateway.http.app import create_app
+from gateway.settings.config import parse_config
 from loadtest.sim.config import SimConfig
 from loadtest.sim.server import create_app as create_sim
 from tests.support.servers import ServerThread, serve

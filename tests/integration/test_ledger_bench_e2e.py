@@ -14,9 +14,9 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(script: str, *args: str, timeout: float) -> None:
+def _run(module: str, *args: str, timeout: float) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), *args, "--check"],
+        [sys.executable, "-m", module, *args, "--check"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -32,8 +32,8 @@ def test_ledger_matches_the_engines_through_chaos() -> None:
     sent, nothing counted twice, every counter zero. A 15 s run has ~180 requests per tenant, too few to
     hold each tenant alone (one run read 1.052 for one tenant and 0.999 for another, a 2.7 % excess in
     all); the benchmark's full runs judge each tenant at 2 %."""
-    _run("ledger.py", "--duration", "15", "--tolerance", "0.05", "--overall", timeout=600)
+    _run("bench.ledger", "--duration", "15", "--tolerance", "0.05", "--overall", timeout=600)
 
 
 def test_a_short_soak_stays_flat() -> None:
-    _run("soak.py", "--duration", "30", "--sample", "2", timeout=300)
+    _run("bench.soak", "--duration", "30", "--sample", "2", timeout=300)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from gateway.observability.failures import FailureEvent, FailureThrottle
 from gateway.observability.settings import AlertThresholds
-from gateway.ticket import Ticket
+from gateway.request.ticket import Ticket
 
 T = AlertThresholds(failure_burst=3, failure_window_s=60)
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import AlertsConfig, SinkConfig
 from gateway.observability.failures import FailureEvent
 from gateway.observability.manager import AlertManager
 from gateway.observability.metrics import REGISTRY
 from gateway.observability.rules import AlertInputs, BackendSnapshot
 from gateway.observability.settings import AlertThresholds
+from gateway.settings.config import AlertsConfig, SinkConfig
 from tests.observability.conftest import FakeClock, Receiver, eventually
 
 pytestmark = pytest.mark.e2e

@@ -10,7 +10,7 @@ from gateway.observability import record
 from gateway.observability.accesslog import AccessLog, access_record
 from gateway.observability.metrics import REGISTRY
 from gateway.observability.rolling import ClassStats
-from gateway.ticket import Cost, Ending, Outcome, Relayed, Ticket, Usage
+from gateway.request.ticket import Cost, Ending, Outcome, Relayed, Ticket, Usage
 from tests.observability.exposition import exported_names, label_names, label_sets
 
 REGISTRY_README = Path(__file__).resolve().parents[2] / "gateway" / "observability" / "README.md"

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import AlertsConfig
+from gateway.livepolicy.policy import PolicyError, load_policy_text
 from gateway.observability.cli import alerts_config
-from gateway.policy import PolicyError, load_policy_text
+from gateway.settings.config import AlertsConfig
 
 
 def test_thresholds_live_in_the_policy_under_alerts() -> None:

@@ -8,10 +8,10 @@ import anyio
 import httpx
 import pytest
 
-from gateway.config import AlertsConfig, SinkConfig
 from gateway.observability.metrics import REGISTRY
 from gateway.observability.notification import Notification
 from gateway.observability.sinks import Deliveries, SinkResult, SinkWorker, SlackSink, WeComSink, make_sink
+from gateway.settings.config import AlertsConfig, SinkConfig
 from tests.observability.conftest import Receiver, eventually
 
 N = Notification(

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import ApiError
 from gateway.estimate.estimator import Estimator
-from gateway.estimate.urlpolicy import PATH_MAX, MediaUrlPolicy
-from gateway.policy import Policy, PolicyError, load_policy_text
+from gateway.livepolicy.policy import Policy, PolicyError, load_policy_text
+from gateway.request.errors import ApiError
+from gateway.request.media_urls import PATH_MAX, MediaUrlPolicy
 from tests.estimate.helpers import chat, data_uri, image_bytes, image_part, wav_bytes
 
 POLICY = load_policy_text(

@@ -8,9 +8,9 @@ import struct
 
 import pytest
 
+from gateway.relay.sse import SSERelay
 from gateway.speech.events import read_json, speech_seconds
 from gateway.speech.meter import SpeechMeter
-from gateway.sse import SSERelay
 
 pytestmark = pytest.mark.unit
 

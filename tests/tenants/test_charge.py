@@ -10,10 +10,10 @@ import pytest
 
 from gateway.backends.progress import EngineProgress
 from gateway.estimate.text import estimate_text_tokens
-from gateway.sse import SSERelay, whole_answer_tokens
-from gateway.stream_end import reported_usage
+from gateway.http.stream_end import reported_usage
+from gateway.relay.sse import SSERelay, whole_answer_tokens
+from gateway.request.ticket import Cost, Ending, Outcome, Prefill, Ticket, Usage
 from gateway.tenants.charge import Inferred, billable, charged_prompt, infer, left_waiting
-from gateway.ticket import Cost, Ending, Outcome, Prefill, Ticket, Usage
 
 
 def _ticket(outcome: Outcome = Outcome.PENDING, reached: bool = True) -> Ticket:

@@ -19,8 +19,8 @@ import orjson
 import pytest
 from PIL import Image
 
-from gateway.app import create_app
 from gateway.estimate.text import estimate_text_tokens
+from gateway.http.app import create_app
 from loadtest.sim.config import SimConfig
 from loadtest.sim.server import create_app as create_sim
 from tests.gateway.conftest import ADMIN, gateway_config

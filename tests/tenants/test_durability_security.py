@@ -14,8 +14,8 @@ import anyio.to_thread
 import pytest
 from prometheus_client import generate_latest
 
-from gateway.errors import ApiError
 from gateway.observability.metrics import REGISTRY
+from gateway.request.errors import ApiError
 from gateway.tenants.models import TenantCreate, TenantPatch
 from gateway.tenants.quota import day_of
 from gateway.tenants.service import TenantService

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from gateway.config import parse_config
-from gateway.policy import load_policy_text
+from gateway.livepolicy.policy import load_policy_text
+from gateway.settings.config import parse_config
 
 K8S = Path(__file__).resolve().parents[2] / "config" / "k8s"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.errors import ApiError
 from gateway.observability.metrics import REGISTRY
+from gateway.request.errors import ApiError
 from gateway.tenants.models import TenantCreate
 from gateway.tenants.redis_store import RedisStore
 from gateway.tenants.service import QuotaExceeded, TenantService

@@ -8,13 +8,13 @@ import sqlite3
 from pathlib import Path
 
 from gateway.observability.metrics import REGISTRY
+from gateway.request.ticket import Ending, Outcome, Ticket, Usage
 from gateway.stages.finish import Finish
 from gateway.tenants.models import Quotas, TenantCreate
 from gateway.tenants.outbox import Entry, Outbox
 from gateway.tenants.quota import Charge
 from gateway.tenants.service import Reservation, TenantService
 from gateway.tenants.sqlite_store import SQLiteStore
-from gateway.ticket import Ending, Outcome, Ticket, Usage
 from tests.tenants.conftest import FakeClock
 
 

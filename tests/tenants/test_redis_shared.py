@@ -13,7 +13,7 @@ import anyio.to_thread
 import orjson
 import pytest
 
-from gateway.errors import ApiError
+from gateway.request.errors import ApiError
 from gateway.tenants.models import QuotasPatch, TenantCreate, TenantPatch
 from gateway.tenants.redis_store import RedisStore
 from gateway.tenants.service import TenantService

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import create_app
+from gateway.http.app import create_app
 from tests.gateway.conftest import ADMIN, gateway_config
 from tests.support.processes import ManagedProcess, Processes
 from tests.support.servers import serve

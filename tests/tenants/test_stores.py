@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.errors import ApiError
+from gateway.request.errors import ApiError
 from gateway.tenants.models import QuotasPatch, TenantCreate, TenantPatch, TenantSpec
 from gateway.tenants.service import QuotaExceeded, TenantService, parse_bootstrap
 from gateway.tenants.settings import TenantDefaults

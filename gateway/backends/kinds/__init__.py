@@ -7,7 +7,7 @@ from collections.abc import Callable
 from gateway.backends.kinds.base import BackendKind
 from gateway.backends.kinds.sglang import SGLang
 from gateway.backends.kinds.sglang_omni import SGLangOmni
-from gateway.config import PoolConfig
+from gateway.settings.config import PoolConfig
 
 _KINDS: dict[str, Callable[[PoolConfig], BackendKind]] = {SGLang.name: SGLang, SGLangOmni.name: SGLangOmni}
 

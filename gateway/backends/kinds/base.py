@@ -29,10 +29,10 @@ from typing import Any, ClassVar
 import aiohttp
 
 from gateway.backends.state import BackendState
-from gateway.errors import ApiError, ErrorCode
-from gateway.proxy import UpstreamError
-from gateway.ticket import Ticket
-from gateway.upstream import Upstream
+from gateway.relay.proxy import UpstreamError
+from gateway.relay.upstream import Upstream
+from gateway.request.errors import ApiError, ErrorCode
+from gateway.request.ticket import Ticket
 
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 """Every health check and scrape: a backend too slow to answer one in time counts as unhealthy."""
@@ -128,7 +128,7 @@ class BackendKind(abc.ABC):
 
     name: str
     routes: ClassVar[frozenset[str]]  # the gateway's generation routes this kind of server has
-    staged: ClassVar[bool] = False  # its stages have budgets of their own (gateway/admission/stages.py)
+    staged: ClassVar[bool] = False  # its stages have budgets of their own (admission/engine_stages.py)
     unavailable: ClassVar[Mapping[Signal, str]] = MappingProxyType({})
 
     def check_route(self, path: str, model: str) -> None:

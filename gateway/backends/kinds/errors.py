@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import ApiError, ErrorCode
+from gateway.request.errors import ApiError, ErrorCode
 
 PASSED_THROUGH = frozenset({400, 404, 409, 413, 422, 429})
 """Statuses the client can act on, passed as they are; 503 stays 503, anything else becomes 502."""

@@ -47,10 +47,10 @@ from gateway.backends.kinds.sglang_scrape import (
 )
 from gateway.backends.kinds.shapes import to_content_parts
 from gateway.backends.state import BackendState
-from gateway.config import PoolConfig
-from gateway.proxy import UpstreamError, UpstreamStatusError
-from gateway.ticket import Ticket
-from gateway.upstream import Upstream, UpstreamIOError
+from gateway.relay.proxy import UpstreamError, UpstreamStatusError
+from gateway.relay.upstream import Upstream, UpstreamIOError
+from gateway.request.ticket import Ticket
+from gateway.settings.config import PoolConfig
 
 log = logging.getLogger("omnigate.backends")
 

@@ -52,16 +52,16 @@ from gateway.backends.kinds.sglang import OVERLOAD_STATUS, RETRYABLE_STATUS
 from gateway.backends.kinds.sglang_omni_scrape import read_omni_metrics
 from gateway.backends.kinds.shapes import to_media_lists
 from gateway.backends.state import BackendState
-from gateway.config import OmniVersion, PoolConfig
-from gateway.errors import ApiError, ErrorCode
-from gateway.proxy import (
+from gateway.relay.proxy import (
     BrokenMidStream,
     CutAfterHeaders,
     TruncatedStream,
     UpstreamError,
     UpstreamStatusError,
 )
-from gateway.ticket import Ticket
+from gateway.request.errors import ApiError, ErrorCode
+from gateway.request.ticket import Ticket
+from gateway.settings.config import OmniVersion, PoolConfig
 
 log = logging.getLogger("omnigate.backends")
 
