@@ -55,35 +55,41 @@ _CORK_MAX = 65536  # a body past this is written after the head rather than copi
 
 
 class HeadCork:
-    """One response's transport: holds the first write (uvicorn's header block) until the next write or
-    the end of this loop turn, whichever comes first, and sends both as one. Everything else passes."""
+    """One response's transport while its head is out: holds the first write (uvicorn's header block) until
+    the next write or the end of this loop turn, whichever comes first, and sends both as one; then hands
+    `owner` (the request's cycle) its transport back, so the rest of the response pays no wrapper."""
 
-    __slots__ = ("_fresh", "_held", "_transport")
+    __slots__ = ("_held", "_owner", "_transport")
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, owner: Any, transport: asyncio.Transport) -> None:
+        self._owner = owner
         self._transport = transport
         self._held: bytes | None = None
-        self._fresh = True
+        owner.transport = self
 
     def write(self, data: bytes) -> None:
-        if self._fresh:
-            self._fresh = False
+        held = self._held
+        if held is None:
             self._held = data
             asyncio.get_running_loop().call_soon(self.flush)
             return
-        held, self._held = self._held, None
-        if held is None:
-            self._transport.write(data)
-        elif len(data) <= _CORK_MAX:
+        self._uncork()
+        if len(data) <= _CORK_MAX:
             self._transport.write(held + data)
         else:
             self._transport.write(held)
             self._transport.write(data)
 
     def flush(self) -> None:
-        held, self._held = self._held, None
-        if held is not None and not self._transport.is_closing():
+        held = self._held
+        if held is None or self._owner.transport is not self:
+            return  # nothing held, or it left with the body
+        self._uncork()
+        if not self._transport.is_closing():
             self._transport.write(held)
+
+    def _uncork(self) -> None:
+        self._owner.transport = self._transport
 
     def close(self) -> None:
         self.flush()
@@ -146,7 +152,7 @@ class EdgeProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.transport is self.transport:
-            cycle.transport = HeadCork(self.transport)  # type: ignore[assignment]
+            HeadCork(cycle, self.transport)
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
