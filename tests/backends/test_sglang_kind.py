@@ -19,6 +19,7 @@ from gateway.relay.proxy import (
     UpstreamConnectError,
     UpstreamStatusError,
 )
+from gateway.relay.sse import leading_error
 from gateway.request.errors import ErrorCode
 from gateway.request.ticket import Ticket
 from gateway.settings.config import PoolConfig
@@ -149,3 +150,30 @@ def test_every_request_holds_the_engine() -> None:
 
 def test_sglang_aborts_what_its_client_leaves() -> None:
     assert not _sglang().runs_on(Ticket(id="r", model="m", stream=False, arrival=0.0))
+
+
+def test_a_queued_stream_the_engine_drops_for_a_better_one_is_an_overload_retried_elsewhere() -> None:
+    """SGLang 0.5.23 opens the dropped request's stream (200) on one error event (tests/engine's
+    contract): the relay takes it as the 503 it says, before any byte reached the client, so another
+    backend may run it."""
+    event = {
+        "error": {
+            "object": "error",
+            "message": "The request is aborted by a higher priority request.",
+            "type": "SERVICE_UNAVAILABLE",
+            "param": None,
+            "code": 503,
+        }
+    }
+    first = b"data: " + orjson.dumps(event) + b"\n\ndata: [DONE]\n\n"
+    refused = leading_error(first)
+    assert refused == (503, orjson.dumps(event))
+    verdict = _sglang().judge(UpstreamStatusError(*refused), _state())
+    assert (verdict.retry, verdict.backend_fault, verdict.overloaded, verdict.client_fault) == (
+        True,
+        False,
+        True,
+        False,
+    )
+    assert verdict.error.status == 503
+    assert verdict.error.body()["error"]["message"] == "The request is aborted by a higher priority request."
