@@ -6,12 +6,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import family
 from bench.common.workload_family import (
