@@ -82,13 +82,14 @@ class HeadCork:
 
     def flush(self) -> None:
         held = self._held
-        if held is None or self._owner.transport is not self:
+        if held is None:
             return  # nothing held, or it left with the body
         self._uncork()
         if not self._transport.is_closing():
             self._transport.write(held)
 
     def _uncork(self) -> None:
+        self._held = None
         self._owner.transport = self._transport
 
     def close(self) -> None:
