@@ -239,7 +239,7 @@ async def test_a_killed_engine_fails_over_and_opens_its_circuit(
                 answers = await asyncio.gather(
                     *(client.post(gw + "/v1/chat/completions", json=chat_body(4)) for _ in range(3))
                 )
-            assert [r.status_code for r in answers] == [200, 200, 200]
+            assert [r.status_code for r in answers] == [200, 200, 200], [r.text for r in answers]
             assert [r.json()["usage"]["completion_tokens"] for r in answers] == [4, 4, 4]
         # the failed exchange opens the circuit at once; the next health check marks the engine down
         dead = await wait_until(lambda: (b := _backend(gw, victim.url))["circuit"] == "open" and b, within=10)
