@@ -155,6 +155,8 @@ class Dispatcher:
             fitting = [b for b, miss in zip(own, misses, strict=True) if miss is None]
             if fitting:
                 self._chosen = (ctx, ask)
+                if len(fitting) == 1:  # nothing to choose between (both rules below only order backends)
+                    return entry, fitting[0]
                 if shield.tokens is not None and self._shield.on_top(ask.rank, shield, ctx.now):
                     # its prefill starts soonest where the fewest prompts wait for theirs
                     return entry, min(
