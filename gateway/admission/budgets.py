@@ -56,7 +56,14 @@ def full_buckets(backends: Iterable[BackendState], budgets: PoolBudgets) -> froz
     usable = [b for b in backends if b.available]
     if not usable:
         return frozenset()
-    return frozenset(k for k in budgets.bucket_caps if all(_at_cap(k, b, budgets) for b in usable))
+    full = []
+    for bucket, cap in budgets.bucket_caps.items():  # loops, not nested generators: asked on every arrival
+        for b in usable:
+            if b.bucket_active.get(bucket, 0) < cap:
+                break
+        else:
+            full.append(bucket)
+    return frozenset(full)
 
 
 def own_backends(

@@ -75,6 +75,7 @@ class Dispatcher:
         self._tallies: tuple[Tally, ...] = (*self._budgets, self._turnover, self._prefill_seen)
         self._first_byte: tuple[FirstByte, ...] = (self._shield, self._prefill_seen, *staged)
         self._placement = Placement()
+        self._chosen: tuple[Decision, Ask] | None = None  # what `place` last chose by, for its `commit`
 
     # -- placement ---------------------------------------------------------------------------------
 
@@ -136,7 +137,9 @@ class Dispatcher:
     ) -> tuple[Entry, BackendState] | None:
         """The first entry in `order` that fits somewhere, and where; None when nothing may go now.
         `loan`: `order` is another pool's request (not spaced). A refusal by the shield is remembered
-        (`held`): a first byte may lift it."""
+        (`held`): a first byte may lift it. The chosen request's `Ask` is kept for its `commit` under the
+        same decision: nothing between the two changes its standing, so it is not weighed twice."""
+        self._chosen = None
         usable = [b for b in backends if b.available]
         shield = ctx.budgets.shield
         for entry in order:
@@ -151,6 +154,9 @@ class Dispatcher:
                 self._shield.held = True
             fitting = [b for b, miss in zip(own, misses, strict=True) if miss is None]
             if fitting:
+                self._chosen = (ctx, ask)
+                if len(fitting) == 1:  # nothing to choose between (both rules below only order backends)
+                    return entry, fitting[0]
                 if shield.tokens is not None and self._shield.on_top(ask.rank, shield, ctx.now):
                     # its prefill starts soonest where the fewest prompts wait for theirs
                     return entry, min(
@@ -219,7 +225,11 @@ class Dispatcher:
         is never spaced and never counts as a rank seen by the shield. Its prompt's chunks become the
         backend's most recent (the prefix index), and the families count the prompt less the prefix found
         there (`cost.prefill_tokens`)."""
-        ask = self.ask(ticket, ctx, loan=loan)  # as it stood when it was chosen
+        chosen, self._chosen = self._chosen, None
+        if chosen is not None and chosen[0] is ctx and chosen[1].ticket is ticket and chosen[1].loan == loan:
+            ask = chosen[1]  # as `place` weighed it under this decision
+        else:
+            ask = self.ask(ticket, ctx, loan=loan)  # as it stands when it is chosen
         ticket.cost.cached_tokens = cached = backend.prefix.match(ticket.prefix)
         if ticket.prefix is not None:
             capacity = ctx.budgets.placement.index_tokens or backend.max_total_tokens
@@ -232,6 +242,7 @@ class Dispatcher:
     def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:
         """Undo `commit` with every family (on the pool that owns the backend, also for a loan), and time
         the freed slot."""
+        self._chosen = None  # a slot freed: standing may change
         for tally in self._tallies:
             tally.release(ticket, backend, now)
 

@@ -392,9 +392,10 @@ class PoolScheduler:
     ) -> Decision:
         """A decision's context from the state as it is (limits not synced; `keep`: let the metering keep
         its budgets copy)."""
+        available = [b for b in self.backends if b.available]
         limits = {url: lim.limit for url, lim in self.limits.items()}
         rate = self.rate.at(now)
-        metered = rate * self._prefill_duty()
+        metered = rate * self._prefill_duty(available)
         budgets = self.metering.budgets(settings.budgets.for_pool(self.pool), metered, keep=keep)
         inbound: dict[str, int] = {}
         if self.shares is not None:  # replicas share the engines: dispatch within this one's share
@@ -410,19 +411,17 @@ class PoolScheduler:
             budgets=budgets,
             limits=limits,
             rule=self._slot_rule(settings, candidate, now),
-            pool_slots=sum(limits[b.url] for b in self.backends if b.available),
+            pool_slots=sum(limits[b.url] for b in available),
             prefill_rate=rate,
             share_window_s=settings.fairness.share_window_s,
             inbound=inbound,
         )
 
-    def _prefill_duty(self) -> float:
+    def _prefill_duty(self, available: list[BackendState]) -> float:
         """The share of the measured prefill rate the round budget meters out: the tightest duty of the
-        available backends' limits (limits/target.py), 1 without one."""
-        return min(
-            (self.limits[b.url].prefill_duty for b in self.backends if b.available and b.url in self.limits),
-            default=1.0,
-        )
+        `available` backends' limits (limits/target.py), 1 without one."""
+        limits = self.limits
+        return min((limits[b.url].prefill_duty for b in available if b.url in limits), default=1.0)
 
     def _blocked(
         self, head: Entry, ctx: Decision, settings: AdmissionSettings, now: float
@@ -462,9 +461,10 @@ class PoolScheduler:
         """The available backends this pool's queue drains into: all of them, or this replica's part of
         them (its shares) when replicas share the engines — each queue then predicts at its own pace —
         times the prefill duty under adaptive metering (the rounds send prompts at that share of the rate)."""
-        available = float(self._available())
+        usable = [b for b in self.backends if b.available]
+        available = float(len(usable))
         if self.settings().budgets.for_pool(self.pool).prefill_rate_fraction is not None:
-            available *= self._prefill_duty()
+            available *= self._prefill_duty(usable)
         if self.shares is None:
             return available
         limits = {url: lim.limit for url, lim in self.limits.items()}

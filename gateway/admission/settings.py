@@ -7,6 +7,7 @@ a `pools` map hold per-pool overrides of the section's own defaults; `for_pool` 
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -49,24 +50,36 @@ class PriorityPolicy(Frozen):
         "request after a quiet spell waits for one release, and the reserve is back for the next ones.",
     )
 
-    @property
+    @cached_property
     def top(self) -> int | None:
-        """The top configured level: bands at or above it keep no reserve."""
+        """The top configured level: bands at or above it keep no reserve. (Cached: the levels never
+        change, and every decision reads it.)"""
         return max(self.levels.values(), default=None)
+
+    @cached_property
+    def bottom(self) -> int | None:
+        """The lowest configured level."""
+        return min(self.levels.values(), default=None)
+
+    @cached_property
+    def ranked(self) -> tuple[tuple[int, str], ...]:
+        """(value, name) of every level, highest first, names in order among equal values."""
+        return tuple(
+            sorted(((value, name) for name, value in self.levels.items()), key=lambda vn: (-vn[0], vn[1]))
+        )
 
     def clamp(self, priority: int) -> int:
         """Into the configured levels' range (without levels: the default), so a client's `x-priority`
         can neither jump every band nor sink below the lowest one and grow a new band per value."""
-        if not self.levels:
+        if self.top is None or self.bottom is None:
             return self.default
-        return max(min(self.levels.values()), min(priority, max(self.levels.values())))
+        return max(self.bottom, min(priority, self.top))
 
     def band(self, priority: int) -> str:
         """The name of the level a clamped priority falls in (the highest at or below it): what metrics
         label a priority by, so their label values are the policy's level names, never a client's number.
         """
-        at_or_below = [(value, name) for name, value in self.levels.items() if value <= priority]
-        return min(at_or_below, key=lambda vn: (-vn[0], vn[1]))[1] if at_or_below else "default"
+        return next((name for value, name in self.ranked if value <= priority), "default")
 
 
 class QueuePolicy(Frozen):

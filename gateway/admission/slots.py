@@ -44,9 +44,13 @@ class Holdings:
         self._pool_tenants: Counter[tuple[int, str]] = Counter()
 
     def add(self, url: str, ticket: Ticket) -> None:
-        self._bands.setdefault(url, Counter())[ticket.priority] += 1
+        bands = self._bands.get(url)
+        if bands is None:  # not setdefault: that would build a Counter on every dispatch
+            bands = self._bands[url] = Counter()
+            self._tenants[url] = Counter()
+        bands[ticket.priority] += 1
         seat = (ticket.priority, ticket.tenant)
-        self._tenants.setdefault(url, Counter())[seat] += 1
+        self._tenants[url][seat] += 1
         self._pool_tenants[seat] += 1
 
     def remove(self, url: str, ticket: Ticket) -> None:
@@ -64,7 +68,8 @@ class Holdings:
         return self._bands.get(url, {})
 
     def of_tenant(self, url: str, band: int, tenant: str) -> int:
-        return self._tenants.get(url, Counter())[(band, tenant)]
+        held = self._tenants.get(url)
+        return 0 if held is None else held[(band, tenant)]
 
     def in_pool(self, band: int, tenant: str) -> int:
         """Slots the tenant holds at `band` on all the pool's backends."""

@@ -68,7 +68,10 @@ class Turnover:
         self._backends: dict[str, SlotTurnover] = {}
 
     def commit(self, ask: Ask, backend: BackendState, ctx: Decision) -> None:
-        self._backends.setdefault(backend.url, SlotTurnover()).taken(id(ask.ticket), ctx.now)
+        turnover = self._backends.get(backend.url)
+        if turnover is None:  # not setdefault: that would build one on every dispatch
+            turnover = self._backends[backend.url] = SlotTurnover()
+        turnover.taken(id(ask.ticket), ctx.now)
 
     def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:
         self._backends[backend.url].freed(id(ticket), now)

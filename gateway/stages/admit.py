@@ -36,9 +36,25 @@ QUOTA_WAIT_MAX_S = 60.0  # a tenant that may wait for its quota never waits for 
 MAX_DEADLINE_MS = 7 * 24 * 3600 * 1000
 
 
-def _priority_header(request: Request, levels: Mapping[str, int]) -> int | None:
+ADMIT_HEADERS = {
+    name.encode(): name
+    for name in ("x-omnigate-class", "x-priority", "x-omnigate-job", "x-omnigate-deadline-ms", "x-session-id")
+}
+
+
+def _admit_headers(request: Request) -> dict[str, str]:
+    """The headers this stage reads, the first of each name as `request.headers.get` would give it, in one
+    walk: a `get` of an absent header (the usual case for all of them) raises and catches a KeyError."""
+    found: dict[str, str] = {}
+    for raw, value in request.headers.raw:
+        name = ADMIT_HEADERS.get(raw)
+        if name is not None and name not in found:
+            found[name] = value.decode("latin-1")
+    return found
+
+
+def _priority_header(raw: str | None, levels: Mapping[str, int]) -> int | None:
     """`x-priority`: an integer, or one of the policy's level names (`queue.priorities.levels`)."""
-    raw = request.headers.get("x-priority")
     if raw is None:
         return None
     name = raw.strip()
@@ -56,8 +72,8 @@ def _priority_header(request: Request, levels: Mapping[str, int]) -> int | None:
         ) from None
 
 
-def _int_header(request: Request, name: str) -> int | None:
-    raw = request.headers.get(name)
+def _int_header(headers: Mapping[str, str], name: str) -> int | None:
+    raw = headers.get(name)
     if raw is None:
         return None
     try:
@@ -99,7 +115,8 @@ class Admit:
         if served is not None:  # the engines know the served name only
             parsed.body["model"] = parsed.model = ticket.model = served
         self.tenants.check_model(tenant, parsed.model)
-        requested = request.headers.get("x-omnigate-class")
+        headers = _admit_headers(request)
+        requested = headers.get("x-omnigate-class")
         traffic_class = self.tenants.traffic_class(tenant, requested)
         if traffic_class not in policy.queue.classes:
             raise ApiError(
@@ -113,11 +130,11 @@ class Admit:
         ticket.pool = pool.name
         pool.kind.check_route(path, parsed.model)
         levels = policy.queue.priorities
-        asked = _priority_header(request, levels.levels)
+        asked = _priority_header(headers.get("x-priority"), levels.levels)
         ticket.priority = levels.clamp(self.tenants.effective_priority(tenant, asked))
         ticket.band = levels.band(ticket.priority)
-        ticket.job_id = request.headers.get("x-omnigate-job")
-        deadline_ms = _int_header(request, "x-omnigate-deadline-ms")
+        ticket.job_id = headers.get("x-omnigate-job")
+        deadline_ms = _int_header(headers, "x-omnigate-deadline-ms")
         if deadline_ms is not None:
             ticket.deadline = ticket.arrival + min(max(0, deadline_ms), MAX_DEADLINE_MS) / 1000
         ticket.cost, ticket.bucket = self.estimator().estimate(
@@ -133,7 +150,7 @@ class Admit:
                 parsed.endpoint,
                 ticket.cost,
                 policy.budgets.for_pool(pool.name).placement.chunk_chars,
-                request.headers.get("x-session-id"),
+                headers.get("x-session-id"),
             )
         record.record_priced(ticket)
         if not pool.ready():

@@ -203,9 +203,9 @@ class QuotaBook:
         if quotas.max_concurrent is not None and self.active.get(tenant_id, 0) >= quotas.max_concurrent:
             denial = Denial("max_concurrent", CONCURRENCY_RETRY_S)
             worst = denial if worst is None or denial.retry_after > worst.retry_after else worst
-        day = self.days.get((tenant_id, day_of(now)), LedgerRow())
-        month = self.months.get((tenant_id, month_of(now)), LedgerRow())
-        budget = budget_denial(quotas, charge, day, month, now)
+        day = self.days.get((tenant_id, day_of(now)))
+        month = self.months.get((tenant_id, month_of(now)))
+        budget = budget_denial(quotas, charge, day or LedgerRow(), month or LedgerRow(), now)
         if budget is not None and (worst is None or budget.retry_after > worst.retry_after):
             worst = budget
         if worst is not None:
@@ -249,7 +249,9 @@ class QuotaBook:
     ) -> None:
         """Add to the ledger of the UTC day and month containing `ts`."""
         for book, period in ((self.days, day_of(ts)), (self.months, month_of(ts))):
-            row = book.setdefault((tenant_id, period), LedgerRow())
+            row = book.get((tenant_id, period))
+            if row is None:  # not setdefault: that would build a row on every request
+                row = book[(tenant_id, period)] = LedgerRow()
             row.add(input_tokens, output_tokens, requests, audio_ms)
 
     def forget(self, tenant_id: str) -> None:

@@ -46,14 +46,27 @@ class Bounded:
     The value is what another replica can follow: `make_limit(policy, start=value)` resumes it."""
 
     def __init__(self, policy: ControllerPolicy, start: float | None = None) -> None:
-        self.policy = policy
-        self.ceiling: int | None = None
+        self.policy = policy  # replaced only by an equal policy (a changed one makes a new limit)
+        self._ceiling: int | None = None
         self._value = self._clamp(float(policy.initial if start is None else start))
+        self._limit = int(self._value)
         self._last_decrease = -math.inf
 
     @property
+    def ceiling(self) -> int | None:
+        return self._ceiling
+
+    @ceiling.setter
+    def ceiling(self, ceiling: int | None) -> None:
+        if ceiling != self._ceiling:
+            self._ceiling = ceiling
+            self._limit = int(self._clamp(self._value))
+
+    @property
     def limit(self) -> int:
-        return int(self._clamp(self._value))
+        """The value under the current ceiling, as an int: kept as the value and the ceiling change, for
+        it is read several times per request."""
+        return self._limit
 
     @property
     def value(self) -> float:
@@ -66,7 +79,7 @@ class Bounded:
         return 1.0
 
     def _clamp(self, value: float) -> float:
-        top = float(self.policy.max if self.ceiling is None else min(self.policy.max, self.ceiling))
+        top = float(self.policy.max if self._ceiling is None else min(self.policy.max, self._ceiling))
         return min(top, max(float(self.policy.min), value))
 
     def _may_decrease(self, now: float) -> bool:
@@ -77,3 +90,4 @@ class Bounded:
         if value < self._value:
             self._last_decrease = now
         self._value = value
+        self._limit = int(value)
