@@ -70,14 +70,7 @@ class PoolScheduler:
         self.queue = SLOQueue(self.counters, standing=self._under_share)
         self.rate = PrefillRate(current.queue)
         lost = functools.partial(capacity_lost, pool, backends)
-        self.guard = QueueGuard(
-            self.queue,
-            self.rate,
-            pool,
-            slot_wait=self._slot_wait,
-            capacity_lost=lost,
-            rushing=self.decode_headroom,
-        )
+        self.guard = QueueGuard(self.queue, self.rate, pool, slot_wait=self._slot_wait, capacity_lost=lost)
         self.metering = Metering()
         self.limits: dict[str, Limit] = {}
         self.window_s = 0.0  # the window's hold as the last dispatch pass computed it (a gauge)
@@ -654,29 +647,23 @@ class PoolScheduler:
     def _rush(self, now: float, ctx: Decision, settings: AdmissionSettings) -> None:
         """Send every rushed request (QueueGuard.rushed: its slack under `rush_slack_fraction` of its
         budget) that a slot and the round's prefill budget take, in the queue's order, past the window (a
-        round opens for it), the round's grouping, the shield and its spacing — while decode has headroom
-        (`decode_headroom`). Those shape who goes first; with decode inside its TPOT aim they must not
-        hold a request the round and a slot have room for until its deadline is lost. The round's prefill
-        budget still holds it: it is decode's share of the engine."""
-        if not self.decode_headroom():
-            return
+        round opens for it), the round's grouping, the shield, and the spacing while every available
+        backend's decode is within its TPOT aim (`Limit.decode_headroom`). Those shape who goes first;
+        they must not hold a request the round and a slot have room for until its deadline is lost. The
+        round's prefill budget still holds it: it is decode's share of the engine; and so does the
+        spacing once decode is over its aim: it bounds how often a big prompt stalls the decode."""
         budgets = ctx.budgets
+        spaced = not all(
+            self.limits[b.url].decode_headroom for b in self.backends if b.available and b.url in self.limits
+        )
         for entry in [e for e in self.queue.ordered() if self.guard.rushed(e, now)]:
             if not self.dispatcher.round_open(now, budgets):
                 self._open_round(now, budgets, settings, self.queue.top_band())
-            placed = self.dispatcher.place([entry], self.backends, ctx, paced=False)
+            placed = self.dispatcher.place([entry], self.backends, ctx, paced=False, spaced=spaced)
             if placed is not None:
                 backend = placed[1]
                 prio = self.dispatcher.commit(entry.ticket, backend, ctx)
                 self._dispatch(entry, backend, now, prio, loan=False)
-
-    def decode_headroom(self) -> bool:
-        """Is decode within its TPOT aim on every available backend (`Limit.decode_headroom`)? Only then
-        does the pacing yield to deadlines: past its aim the shield and the spacing protect it, and the
-        queue's prediction sheds as without the rush."""
-        return all(
-            self.limits[b.url].decode_headroom for b in self.backends if b.available and b.url in self.limits
-        )
 
     def _open_round(
         self, now: float, budgets: PoolBudgets, settings: AdmissionSettings, band: float | None

@@ -12,10 +12,9 @@ starts now whatever the prediction, or it waits only for a slot that the backend
 its own prefill at the engine's nominal rate. Past the head the slots are predicted too: the requests ahead
 take the free slots first, and the ones lacking free at the pool's turnover — when decodes hold every slot
 (or a tenant is held to its share), that, not prefill, is the wait. With `rush_slack_fraction` set, a sweep
-keeps any queued request, like the head, while a slot frees in time for its own nominal prefill and
-decode has headroom (`rushing`): the scheduler rushes it past the window, the shield and the spacing
-(`rushed`); held with a slot free by the round's prefill budget alone, it is shed only once late even if
-sent at once (its slack below 0).
+keeps any queued request, like the head, while a slot frees in time for its own nominal prefill: the
+scheduler rushes it past the window, the shield and the spacing (`rushed`); held with a slot free by the
+round's prefill budget alone, it is shed only once late even if sent at once (its slack below 0).
 Depth is capped per class; when full, a more urgent arrival displaces the newest request of the lowest
 band below it (503 `displaced`), else it is refused (503 `queue_full`). Every class is bounded by its
 max wait (503 `queue_timeout`). A request queued again after its dispatch (`Entry.requeued`: a loan
@@ -134,14 +133,12 @@ class QueueGuard:
         pool: str,
         slot_wait: SlotWait | None = None,
         capacity_lost: Callable[[], str | None] = lambda: None,
-        rushing: Callable[[], bool] = lambda: True,
     ) -> None:
         self.queue = queue
         self.rate = rate
         self.pool = pool
         self.slot_wait = slot_wait
         self.capacity_lost = capacity_lost  # what the pool lost (turnover.capacity_lost); None: whole
-        self.rushing = rushing  # may the scheduler rush now (PoolScheduler.decode_headroom)
         self.rejections: Counter[tuple[str, str]] = Counter()
 
     def predict(self, entry: Entry, now: float, backends: float, ahead: int | None = None) -> Prediction:
@@ -276,7 +273,7 @@ class QueueGuard:
                 return None, self._first_token(entry, now, p, wait)
         elif not head:
             wait = ask()  # for the refusal's words, and for a queued request the rush's slot
-            rush = queued and self.queue_policy.rush_slack_fraction is not None and self.rushing()
+            rush = queued and self.queue_policy.rush_slack_fraction is not None
             if rush and wait is not None and self._slot_in_time(entry, now, wait):
                 return None, self._first_token(entry, now, p, wait)
         return self._deadline_refusal(entry, now, p, wait), None

@@ -2,9 +2,9 @@
 
 The family benchmark found requests at light load held by the shield and its spacing, with slots free,
 until a sweep refused them as unattainable (decision 0112). On a fake clock: a request with a slot free is
-sent past the shield and its spacing once its slack falls under `rush_slack_fraction` of its budget, while
-decode is within its TPOT aim; the slots and the round's prefill budget still hold it; a queued request is
-then shed only when no slot is predicted to free in time for it.
+sent past the shield once its slack falls under `rush_slack_fraction` of its budget, and past the spacing
+while decode is within its TPOT aim; the slots and the round's prefill budget still hold it; a queued
+request is shed only when no slot is predicted to free in time for it.
 """
 
 from __future__ import annotations
@@ -104,17 +104,17 @@ async def test_a_rushed_request_still_waits_for_a_slot() -> None:
         done.release(None, "ok")
 
 
-async def test_no_rush_while_decode_is_over_its_tpot_aim() -> None:
+async def test_the_spacing_holds_a_rushed_request_while_decode_is_over_its_tpot_aim() -> None:
     pol = _policy()
-    clock, s, high, low, held = await _held_by_the_shield(pol)
+    clock, s, high, low, held = await _held_by_the_shield(pol)  # spaced too: the low prompt went alone
     target = TargetLimit(pol.admission.controller, start=4)
     target.aim, target.recent_q90 = 0.9, 1.0  # the recent TPOT Q90 over the aim
     s.limits["http://b0"] = target
-    assert not s.decode_headroom() and FixedLimit(pol.admission.controller).decode_headroom
-    await _pump_at(clock, s, 1000.25)  # slack 0.15, but the shield protects decode now
+    assert not target.decode_headroom and FixedLimit(pol.admission.controller).decode_headroom
+    await _pump_at(clock, s, 1000.25)  # rushed: past the shield, not the spacing
     assert not held.done()
     target.recent_q90 = 0.875
-    await _pump_at(clock, s, 1000.375)  # decode back within its aim: the pacing yields
+    await _pump_at(clock, s, 1000.375)  # decode back within its aim: the spacing yields too
     lease = held.result()
     assert lease.dispatched_at == 1000.375
     for done in (high, low, lease):
@@ -185,14 +185,6 @@ def test_a_queued_request_is_kept_while_a_slot_frees_in_time_for_its_own_prefill
 
 def test_without_the_rush_the_queue_prediction_sheds_it_though_a_slot_is_free() -> None:
     g, _ = _guard(None)
-    head, behind = _behind_a_head(g)
-    assert [e for e, _ in g.sweep(now=1000.0, backends=1)] == [behind]
-    assert head.queued
-
-
-def test_while_decode_is_over_its_aim_the_queue_prediction_sheds_as_without_the_rush() -> None:
-    g, _ = _guard()
-    g.rushing = lambda: False
     head, behind = _behind_a_head(g)
     assert [e for e, _ in g.sweep(now=1000.0, backends=1)] == [behind]
     assert head.queued
