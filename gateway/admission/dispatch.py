@@ -136,13 +136,12 @@ class Dispatcher:
         *,
         loan: bool = False,
         paced: bool = True,
-        spaced: bool = True,
     ) -> tuple[Entry, BackendState] | None:
         """The first entry in `order` that fits somewhere, and where; None when nothing may go now.
         `loan`: `order` is another pool's request (not spaced). `paced=False` (a rushed request,
-        scheduler.py): neither the round's grouping nor the shield hold it — only the slots, stages, KV,
-        the round's prefill budget and, if `spaced`, the spacing. A refusal by the shield is remembered
-        (`held`): a first byte may lift it."""
+        scheduler.py): neither the round's grouping nor the shield and its spacing hold it — only the
+        slots, stages, KV and the round's prefill budget. A refusal by the shield is remembered (`held`):
+        a first byte may lift it."""
         usable = [b for b in backends if b.available]
         shield = ctx.budgets.shield
         for entry in order:
@@ -152,10 +151,8 @@ class Dispatcher:
             if not own:
                 continue
             ask = self.ask(entry.ticket, ctx, loan=loan)
-            if paced:
-                misses = [_first_miss(self._budgets, ask, b, ctx) for b in own]
-            else:
-                misses = [self._rushed_miss(ask, b, ctx, spaced) for b in own]
+            budgets = self._budgets if paced else self._unshielded
+            misses = [_first_miss(budgets, ask, b, ctx) for b in own]
             if any(miss is not None and miss.shield for miss in misses):
                 self._shield.held = True
             fitting = [b for b, miss in zip(own, misses, strict=True) if miss is None]
@@ -177,11 +174,6 @@ class Dispatcher:
             if any(miss is not None and not miss.passable for miss in misses):
                 return None
         return None
-
-    def _rushed_miss(self, ask: Ask, backend: BackendState, ctx: Decision, spaced: bool) -> Block | None:
-        """What holds a rushed request on `backend`: every budget but the shield, the spacing if `spaced`."""
-        miss = _first_miss(self._unshielded, ask, backend, ctx)
-        return miss if miss is not None or not spaced else self._shield.spacing_miss(ask, backend, ctx)
 
     def slot_wait(
         self,

@@ -647,19 +647,14 @@ class PoolScheduler:
     def _rush(self, now: float, ctx: Decision, settings: AdmissionSettings) -> None:
         """Send every rushed request (QueueGuard.rushed: its slack under `rush_slack_fraction` of its
         budget) that a slot and the round's prefill budget take, in the queue's order, past the window (a
-        round opens for it), the round's grouping, the shield, and the spacing while every available
-        backend's decode is within its TPOT aim (`Limit.decode_headroom`). Those shape who goes first;
+        round opens for it), the round's grouping, the shield and its spacing. Those shape who goes first;
         they must not hold a request the round and a slot have room for until its deadline is lost. The
-        round's prefill budget still holds it: it is decode's share of the engine; and so does the
-        spacing once decode is over its aim: it bounds how often a big prompt stalls the decode."""
+        round's prefill budget still holds it: it is what keeps decode's share of the engine (TPOT)."""
         budgets = ctx.budgets
-        spaced = not all(
-            self.limits[b.url].decode_headroom for b in self.backends if b.available and b.url in self.limits
-        )
         for entry in [e for e in self.queue.ordered() if self.guard.rushed(e, now)]:
             if not self.dispatcher.round_open(now, budgets):
                 self._open_round(now, budgets, settings, self.queue.top_band())
-            placed = self.dispatcher.place([entry], self.backends, ctx, paced=False, spaced=spaced)
+            placed = self.dispatcher.place([entry], self.backends, ctx, paced=False)
             if placed is not None:
                 backend = placed[1]
                 prio = self.dispatcher.commit(entry.ticket, backend, ctx)

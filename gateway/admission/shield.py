@@ -71,12 +71,6 @@ class Shield:
             return Block.SHIELD_DUTY
         return None
 
-    def spacing_miss(self, ask: Ask, backend: BackendState, ctx: Decision) -> Block | None:
-        """The spacing alone (a rushed request passes the shield, and the spacing only while decode has
-        headroom: scheduler.py)."""
-        spaced = self.spaced(ask.prefill(backend), ask.rank, backend.url, ctx.budgets.shield, ctx.now)
-        return Block.SHIELD_DUTY if spaced and not ask.loan else None
-
     def commit(self, ask: Ask, backend: BackendState, ctx: Decision) -> None:
         self.sent(
             ask.ticket,

@@ -37,9 +37,6 @@ class Limit(Protocol):
     @property
     def prefill_duty(self) -> float: ...
 
-    @property
-    def decode_headroom(self) -> bool: ...
-
     def update(self, sample: Sample) -> None: ...
 
 
@@ -67,12 +64,6 @@ class Bounded:
         """The share of the engine's prefill rate the round budget may meter out: all of it, unless the
         algorithm derives a cap from the TPOT objective (target.py)."""
         return 1.0
-
-    @property
-    def decode_headroom(self) -> bool:
-        """Is the decode on this backend within its TPOT aim? True unless the algorithm measures it
-        (target.py): without a measure nothing says the spacing is needed."""
-        return True
 
     def _clamp(self, value: float) -> float:
         top = float(self.policy.max if self.ceiling is None else min(self.policy.max, self.ceiling))

@@ -96,8 +96,3 @@ class TargetLimit(Bounded):
     @property
     def prefill_duty(self) -> float:
         return self._duty
-
-    @property
-    def decode_headroom(self) -> bool:
-        """The recent TPOT Q90 at or under the aim (or not measured yet)."""
-        return self.aim is None or self.recent_q90 is None or self.recent_q90 <= self.aim
