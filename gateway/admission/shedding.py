@@ -11,7 +11,10 @@ while it waits — unless nothing is queued ahead of it (the head) and either a 
 starts now whatever the prediction, or it waits only for a slot that the backends' turnover frees in time for
 its own prefill at the engine's nominal rate. Past the head the slots are predicted too: the requests ahead
 take the free slots first, and the ones lacking free at the pool's turnover — when decodes hold every slot
-(or a tenant is held to its share), that, not prefill, is the wait.
+(or a tenant is held to its share), that, not prefill, is the wait. With `rush_slack_fraction` set, a sweep
+keeps any queued request, like the head, while a slot frees in time for its own nominal prefill: the
+scheduler rushes it past the window, the shield and the spacing (`rushed`); held with a slot free by the
+round's prefill budget alone, it is shed only once late even if sent at once (its slack below 0).
 Depth is capped per class; when full, a more urgent arrival displaces the newest request of the lowest
 band below it (503 `displaced`), else it is refused (503 `queue_full`). Every class is bounded by its
 max wait (503 `queue_timeout`). A request queued again after its dispatch (`Entry.requeued`: a loan
