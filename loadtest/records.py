@@ -14,8 +14,9 @@ GATEWAY_HEADERS = (
     "x-omnigate-bucket",
     "x-omnigate-priority",
     "x-omnigate-predicted-ttft-ms",
+    "x-omnigate-slack-ms",
 )
-SCALED_HEADERS = ("x-omnigate-queue-ms", "x-omnigate-predicted-ttft-ms")  # times, in ms
+SCALED_HEADERS = ("x-omnigate-queue-ms", "x-omnigate-predicted-ttft-ms", "x-omnigate-slack-ms")  # ms
 
 # Statuses that mean "the server declined the work" rather than "the server broke".
 REJECT_STATUSES = frozenset({408, 429, 503})
@@ -73,6 +74,12 @@ class RequestRecord:
     def predicted_ttft_ms(self) -> float | None:
         """The first token the gateway's early rejection predicted at admission, ms from arrival."""
         return self.header_ms("x-omnigate-predicted-ttft-ms")
+
+    @property
+    def slack_ms(self) -> float | None:
+        """On a deadline refusal, the slack the gateway judged it by: negative, it could not have met its
+        deadline even sent to the engine at once (gateway/admission/shedding.py, SLACK_HEADER)."""
+        return self.header_ms("x-omnigate-slack-ms")
 
     @property
     def speech(self) -> SpeechMeter | None:

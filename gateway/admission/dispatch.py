@@ -72,6 +72,7 @@ class Dispatcher:
         staged: tuple[StageBook, ...] = () if stages is None else (stages,)
         self._budgets: tuple[Budget, ...] = (self._slots, *staged, self._rounds, self._shield, Occupancy())
         self._lasting = tuple(b for b in self._budgets if b.lasting)
+        self._unshielded = tuple(b for b in self._budgets if b is not self._shield)  # a rush's budgets
         self._tallies: tuple[Tally, ...] = (*self._budgets, self._turnover, self._prefill_seen)
         self._first_byte: tuple[FirstByte, ...] = (self._shield, self._prefill_seen, *staged)
         self._placement = Placement()
@@ -99,11 +100,7 @@ class Dispatcher:
         """The first shared budget `ask` does not fit on `backend`, in the families' declared order (None:
         it fits). `metered=False` asks only the lasting ones (slots, stages, KV), not those that free
         themselves in time (the round's prefill, the shield and its spacing)."""
-        for budget in self._budgets if metered else self._lasting:
-            miss = budget.miss(ask, backend, ctx)
-            if miss is not None:
-                return miss
-        return None
+        return _first_miss(self._budgets if metered else self._lasting, ask, backend, ctx)
 
     def blocked_by(
         self,
@@ -133,23 +130,32 @@ class Dispatcher:
         return out
 
     def place(
-        self, order: Iterable[Entry], backends: Iterable[BackendState], ctx: Decision, *, loan: bool = False
+        self,
+        order: Iterable[Entry],
+        backends: Iterable[BackendState],
+        ctx: Decision,
+        *,
+        loan: bool = False,
+        paced: bool = True,
     ) -> tuple[Entry, BackendState] | None:
         """The first entry in `order` that fits somewhere, and where; None when nothing may go now.
-        `loan`: `order` is another pool's request (not spaced). A refusal by the shield is remembered
-        (`held`): a first byte may lift it. The chosen request's `Ask` is kept for its `commit` under the
-        same decision: nothing between the two changes its standing, so it is not weighed twice."""
+        `loan`: `order` is another pool's request (not spaced). `paced=False` (a rushed request,
+        scheduler.py): neither the round's grouping nor the shield and its spacing hold it — only the
+        slots, stages, KV and the round's prefill budget. A refusal by the shield is remembered (`held`):
+        a first byte may lift it. The chosen request's `Ask` is kept for its `commit` under the same
+        decision: nothing between the two changes its standing, so it is not weighed twice."""
         self._chosen = None
         usable = [b for b in backends if b.available]
         shield = ctx.budgets.shield
         for entry in order:
-            if not self.joins_round(entry, ctx):
+            if paced and not self.joins_round(entry, ctx):
                 continue
             own = own_backends(entry.ticket, entry.exclude, usable, ctx.budgets)
             if not own:
                 continue
             ask = self.ask(entry.ticket, ctx, loan=loan)
-            misses = [self.shared_budget_miss(ask, b, ctx) for b in own]
+            budgets = self._budgets if paced else self._unshielded
+            misses = [_first_miss(budgets, ask, b, ctx) for b in own]
             if any(miss is not None and miss.shield for miss in misses):
                 self._shield.held = True
             fitting = [b for b, miss in zip(own, misses, strict=True) if miss is None]
@@ -328,3 +334,12 @@ class Dispatcher:
     def held_by_band(self, url: str) -> dict[int, int]:
         """Slots on `url` per band."""
         return dict(self._slots.held.by_band(url))
+
+
+def _first_miss(budgets: Iterable[Budget], ask: Ask, backend: BackendState, ctx: Decision) -> Block | None:
+    """The first of `budgets` that `ask` misses on `backend` (None: it fits them all)."""
+    for budget in budgets:
+        miss = budget.miss(ask, backend, ctx)
+        if miss is not None:
+            return miss
+    return None

@@ -255,7 +255,8 @@ class PoolScheduler:
         settings = self.settings()
         now = self.clock()
         self.rate.configure(settings.queue)
-        if self.queue and now >= self._next_sweep:
+        swept_now = len(self.queue) > 0 and now >= self._next_sweep
+        if swept_now:
             swept = self.guard.sweep(
                 now, self.capacity(), self._sweep_slot_wait(settings), self._full_buckets(settings)
             )
@@ -271,6 +272,8 @@ class PoolScheduler:
             return
         ctx = self.decision(settings)
         budgets = ctx.budgets
+        if swept_now:
+            self._rush(now, ctx, settings)
         wake = math.inf
         while self.queue:
             if not dispatcher.round_open(now, budgets):
@@ -280,8 +283,7 @@ class PoolScheduler:
                 if opens > now:
                     wake = opens
                     break
-                grouped = under_load(self.pool_level(now, budgets), settings.window)
-                dispatcher.open_round(now, budgets, grouped=grouped, top_band=load.band)
+                self._open_round(now, budgets, settings, load.band)
             placed = dispatcher.place(self.queue.ordered(), self.backends, ctx)
             if placed is not None:
                 entry, backend = placed
@@ -641,6 +643,31 @@ class PoolScheduler:
         waiter = self._waiters.pop(entry)
         waiter.lease = lease
         waiter.event.set()
+
+    def _rush(self, now: float, ctx: Decision, settings: AdmissionSettings) -> None:
+        """Send every rushed request (QueueGuard.rushed: its slack under `rush_slack_fraction` of its
+        budget) that a slot and the round's prefill budget take, in the queue's order, past the window (a
+        round opens for it), the round's grouping, the shield and its spacing. Those shape who goes first;
+        they must not hold a request the round and a slot have room for until its deadline is lost. The
+        round's prefill budget still holds it: it is what keeps decode's share of the engine (TPOT)."""
+        budgets = ctx.budgets
+        for entry in [e for e in self.queue.ordered() if self.guard.rushed(e, now)]:
+            if not self.dispatcher.round_open(now, budgets):
+                self._open_round(now, budgets, settings, self.queue.top_band())
+            placed = self.dispatcher.place([entry], self.backends, ctx, paced=False)
+            if placed is not None:
+                backend = placed[1]
+                prio = self.dispatcher.commit(entry.ticket, backend, ctx)
+                self._dispatch(entry, backend, now, prio, loan=False)
+
+    def _open_round(
+        self, now: float, budgets: PoolBudgets, settings: AdmissionSettings, band: float | None
+    ) -> None:
+        """Open a round, grouped above light load, its bar the top waiting `band`."""
+        grouped = under_load(self.pool_level(now, budgets), settings.window)
+        self.dispatcher.open_round(
+            now, budgets, grouped=grouped, top_band=-math.inf if band is None else band
+        )
 
     def _owner(self, lease: Lease) -> PoolScheduler:
         """The pool whose backend runs `lease`: the lender for a loan."""

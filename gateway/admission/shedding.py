@@ -11,7 +11,10 @@ while it waits — unless nothing is queued ahead of it (the head) and either a 
 starts now whatever the prediction, or it waits only for a slot that the backends' turnover frees in time for
 its own prefill at the engine's nominal rate. Past the head the slots are predicted too: the requests ahead
 take the free slots first, and the ones lacking free at the pool's turnover — when decodes hold every slot
-(or a tenant is held to its share), that, not prefill, is the wait.
+(or a tenant is held to its share), that, not prefill, is the wait. With `rush_slack_fraction` set, a sweep
+keeps any queued request, like the head, while a slot frees in time for its own nominal prefill: the
+scheduler rushes it past the window, the shield and the spacing (`rushed`); held with a slot free by the
+round's prefill budget alone, it is shed only once late even if sent at once (its slack below 0).
 Depth is capped per class; when full, a more urgent arrival displaces the newest request of the lowest
 band below it (503 `displaced`), else it is refused (503 `queue_full`). Every class is bounded by its
 max wait (503 `queue_timeout`). A request queued again after its dispatch (`Entry.requeued`: a loan
@@ -32,6 +35,10 @@ from dataclasses import dataclass
 from gateway.admission.queue import Ahead, Entry, SLOQueue
 from gateway.admission.settings import QueuePolicy
 from gateway.request.errors import ApiError, ErrorCode
+
+SLACK_HEADER = "x-omnigate-slack-ms"
+"""On a deadline refusal: ms the request could still have waited had it then prefilled at once at the
+engine's nominal rate; negative, it could not have met its deadline even dispatched at the refusal."""
 
 SlotWait = Callable[[Entry, float, int], float | None]
 """(entry, now, requests ahead of it) → seconds until a backend could take it (Dispatcher.slot_wait)."""
@@ -176,6 +183,24 @@ class QueueGuard:
         self.queue.push(entry)
         return victim
 
+    def slack(self, entry: Entry, now: float) -> float:
+        """Seconds `entry` could still wait and meet its deadline if it then prefilled at once at the
+        engine's nominal rate (negative: late even if dispatched now)."""
+        return entry.deadline - now - entry.prompt_tokens / self.rate.nominal(now)
+
+    def rushed(self, entry: Entry, now: float) -> bool:
+        """Has `entry`'s slack fallen under `rush_slack_fraction` of its deadline budget, and not below 0?
+        Only a request with a first-token deadline it can still meet: the pacing that held it must now
+        yield to that deadline (one that cannot meet it even sent at once is not worth the pacing)."""
+        fraction = self.queue_policy.rush_slack_fraction
+        if fraction is None or entry.slo.ttft_p99_s is None:
+            return False
+        return 0.0 <= self.slack(entry, now) < fraction * (entry.deadline - entry.ticket.arrival)
+
+    @property
+    def queue_policy(self) -> QueuePolicy:
+        return self.rate.policy
+
     def sweep(
         self,
         now: float,
@@ -184,8 +209,9 @@ class QueueGuard:
         full: frozenset[str] = frozenset(),
     ) -> list[tuple[Entry, ApiError]]:
         """Remove every waiting entry past its max wait or that can no longer meet its deadline (the head
-        judged by its slot wait, see the class). `slot_wait` replaces the guard's own for this sweep (the
-        scheduler's reuses one decision for every queued entry); `full` as for `admit`."""
+        judged by its slot wait, see the class; with rushing on, every entry: see `_unattainable`).
+        `slot_wait` replaces the guard's own for this sweep (the scheduler's reuses one decision for every
+        queued entry); `full` as for `admit`."""
         slot_wait = slot_wait or self.slot_wait
         out: list[tuple[Entry, ApiError]] = []
         for entry in self.queue.entries():
@@ -201,7 +227,9 @@ class QueueGuard:
         kept = Ahead(full)  # only what stays goes before the entries after it
         for entry in list(self.queue.projected()):
             entries_ahead, ahead = kept.of(entry)
-            refusal, _ = self._unattainable(entry, now, backends, ahead, entries_ahead, slot_wait)
+            refusal, _ = self._unattainable(
+                entry, now, backends, ahead, entries_ahead, slot_wait, queued=True
+            )
             if refusal is None:
                 kept.add(entry)
             else:
@@ -217,10 +245,15 @@ class QueueGuard:
         ahead: int,
         entries_ahead: int,
         slot_wait: SlotWait | None,
+        *,
+        queued: bool = False,
     ) -> tuple[ApiError | None, float | None]:
         """The refusal of an entry predicted to miss its deadline (None when it may wait), and the first
         token predicted for one that may (None for a class that does not shed by deadline). `ahead`:
-        prefill tokens, `entries_ahead`: requests, dispatched before it (0: the head)."""
+        prefill tokens, `entries_ahead`: requests, dispatched before it (0: the head). `queued`: a sweep
+        judges an admitted request — with rushing on, the gateway's own pacing will yield to its deadline
+        (the scheduler's rush), so, like the head, it is kept while a slot is predicted to free in time for
+        its own prefill at the engine's nominal rate, whatever the queue's prediction."""
         if not entry.slo.shed_by_deadline or entry.requeued:
             return None, None
 
@@ -239,7 +272,10 @@ class QueueGuard:
             if self._in_time(entry, now, entries_ahead, wait):
                 return None, self._first_token(entry, now, p, wait)
         elif not head:
-            wait = ask()  # for the refusal's words
+            wait = ask()  # for the refusal's words, and for a queued request the rush's slot
+            rush = queued and self.queue_policy.rush_slack_fraction is not None
+            if rush and wait is not None and self._slot_in_time(entry, now, wait):
+                return None, self._first_token(entry, now, p, wait)
         return self._deadline_refusal(entry, now, p, wait), None
 
     def _in_time(self, entry: Entry, now: float, entries_ahead: int, wait: float | None) -> bool:
@@ -248,7 +284,11 @@ class QueueGuard:
         head (the queue prediction then decides alone), yes past it (only the prefill prediction speaks)."""
         if wait is None:
             return entries_ahead > 0
-        return wait == 0.0 or now + wait + entry.prompt_tokens / self.rate.nominal(now) <= entry.deadline
+        return wait == 0.0 or self._slot_in_time(entry, now, wait)
+
+    def _slot_in_time(self, entry: Entry, now: float, wait: float) -> bool:
+        """A slot `wait` seconds from now, then its own prefill at the engine's nominal rate: in time?"""
+        return now + wait + entry.prompt_tokens / self.rate.nominal(now) <= entry.deadline
 
     def _first_token(self, entry: Entry, now: float, p: Prediction, wait: float | None) -> float:
         """The predicted first token: the queue's prediction, or later when a slot frees only `wait`
@@ -261,7 +301,8 @@ class QueueGuard:
         """429 `slo_unattainable` while the pool has its whole capacity (the client asks more than it
         can serve in time); 503 `capacity_unavailable` once it has lost backends (the server's loss: a
         client that backs off as from a 429 would wait for nothing it caused). Either names the predicted
-        slot and first token against the deadline; Retry-After is when the predicted wait ends."""
+        slot and first token against the deadline; Retry-After is when the predicted wait ends, and
+        `x-omnigate-slack-ms` the request's slack (`slack`; negative: late even if sent at once)."""
         cls = entry.ticket.traffic_class
         first = self._first_token(entry, now, p, wait)
         slot = "no slot turnover measured" if wait is None else f"a slot free in {wait:.3f}s"
@@ -277,7 +318,8 @@ class QueueGuard:
         else:
             status, code = 503, ErrorCode.CAPACITY_UNAVAILABLE
             message = f"Capacity lost ({lost}), the {cls} deadline cannot be met"
-        err = ApiError(status, f"{message}: {said}.", code=code, retry_after=retry_after)
+        slack = {SLACK_HEADER: f"{self.slack(entry, now) * 1000:.1f}"}
+        err = ApiError(status, f"{message}: {said}.", code=code, retry_after=retry_after, headers=slack)
         return self._refuse(code, cls, err)
 
     def _refuse(self, reason: str, traffic_class: str, err: ApiError) -> ApiError:

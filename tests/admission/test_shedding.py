@@ -45,7 +45,7 @@ def test_unattainable_at_enqueue_is_429_with_retry_after_and_counted() -> None:
         g.admit(entry(ticket(priority=5, prompt=100), TIGHT), now=1000.0, backends=2)
     err = exc.value
     assert (err.status, err.code, err.retry_after) == (429, "slo_unattainable", 3.0)
-    assert err.response_headers() == {"retry-after": "3"}
+    assert err.response_headers() == {"retry-after": "3", "x-omnigate-slack-ms": "400.0"}  # 0.5 - 0.1 s
     assert g.rejections == {("slo_unattainable", "interactive"): 1}
     assert len(g.queue) == 1
 
@@ -192,8 +192,10 @@ def test_prefill_waiting_on_its_full_bucket_delays_only_that_bucket() -> None:
 
 
 def test_the_head_is_never_refused_by_prediction_while_a_backend_has_room() -> None:
+    """Without the rush (test_rush.py: a queued request past the head is then kept while a slot frees in
+    time for its own prefill), only the head is judged by its slot."""
     room: dict[str, float | None] = {"wait": 0.0}
-    rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=1000.0))
+    rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=1000.0, rush_slack_fraction=None))
     g = QueueGuard(
         SLOQueue(VirtualTokenCounters()), rate, "interactive", slot_wait=lambda e, now, ahead: room["wait"]
     )
@@ -278,7 +280,7 @@ def test_a_deadline_refusal_is_the_servers_503_once_the_pool_has_lost_capacity()
         g.admit(entry(ticket(prompt=100, deadline=1001.2)), now=1000.0, backends=1)
     err = server.value
     assert (err.status, err.code, err.type) == (503, "capacity_unavailable", "service_unavailable")
-    assert err.response_headers() == {"retry-after": "2"}
+    assert err.response_headers() == {"retry-after": "2", "x-omnigate-slack-ms": "1199.0"}  # 1.2 - 0.001 s
     assert err.message == (
         "Capacity lost (1 of 2 backends of pool interactive unavailable), the interactive deadline cannot "
         "be met: a slot free in 1.500s, first token predicted in 1.501s; the deadline is in 1.200s (SLO 2s)."

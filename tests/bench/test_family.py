@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import types
+from typing import cast
 
 import pytest
 
@@ -134,6 +136,25 @@ def test_probes_are_spaced_and_at_most_n() -> None:
     assert len(picked) == 3 and picked == sorted(picked)
     assert all(b - a >= 10 for a, b in itertools.pairwise(picked))
     assert len(family.probes(refused[:5], 3, 10.0, seed=1)) == 1  # all within 4 s: one fits
+
+
+def test_refusals_late_even_if_sent_at_once_are_honest_and_only_the_others_are_probed() -> None:
+    def refused(slack_ms: str | None) -> RequestRecord:
+        rec = _rec("text", status=429)
+        if slack_ms is not None:
+            rec.headers["x-omnigate-slack-ms"] = slack_ms
+        return rec
+
+    late, early, unsaid = refused("-12.5"), refused("40.0"), refused(None)
+    assert [family.honest_by_construction(r) for r in (late, early, unsaid)] == [True, False, False]
+    assert late.scaled(6.0).slack_ms == -75.0  # simulated ms, as the rest of the record
+    fam = types.SimpleNamespace(admitted=[], refused=[late, early, unsaid], probed=[(1, early, _rec("text"))])
+    text = "\n".join(family.calibration(cast(family.Family, fam)))
+    assert (
+        "Counterfactual: of 3 deadline refusals, 1 were honest by construction (late even sent at once at "
+        "the engine's nominal prefill rate); of the other 2, 1 were replayed with admission forced and 1 met "
+        "their deadline (100%); MISS target < 5 %."
+    ) in text
 
 
 def test_ablations_only_touch_existing_policy_keys() -> None:
