@@ -22,6 +22,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
 
+from gateway.http import disconnect
 from gateway.http.asgi import send_error, send_json
 from gateway.http.stream_end import read_to_usage, reported_usage
 from gateway.observability import metrics, record
@@ -198,10 +199,11 @@ def _int(value: str | None) -> int:
 class Exchange:
     """One client exchange: tracks whether headers went out and whether the client left."""
 
-    __slots__ = ("complete", "disconnected", "send", "started", "status")
+    __slots__ = ("complete", "disconnected", "send", "serving", "started", "status")
 
     def __init__(self, send: Send) -> None:
         self.send = send
+        self.serving: anyio.CancelScope | None = None  # what the client's leaving cancels
         self.status = 0
         self.started = False
         self.complete = False
@@ -212,14 +214,12 @@ class Exchange:
         self.complete = True
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                if not self.complete:
-                    self.disconnected = True
-                    scope.cancel()
-                return
+    def left(self) -> None:
+        """The client disconnected (gateway/http/disconnect.py)."""
+        if not self.complete:
+            self.disconnected = True
+            assert self.serving is not None  # watched only while serving
+            self.serving.cancel()
 
 
 class CompletionEndpoint:
@@ -251,13 +251,13 @@ class CompletionEndpoint:
             parsed = parse_request(raw, self.endpoint)
             ticket.model, ticket.stream, ticket.endpoint = parsed.model, parsed.stream, parsed.endpoint
             pool, reservation = await self.gw.admit(ticket, parsed, request, policy, tenant, self.path)
-            # A bare watcher task and one scope, not a task group (docs/decisions/0005-disconnect-watcher.md).
-            with anyio.CancelScope() as on_disconnect:
-                watcher = asyncio.create_task(ex.watch_disconnect(receive, on_disconnect))
+            # One scope the disconnect cancels, not a task group (docs/decisions/0005-disconnect-watcher.md).
+            with anyio.CancelScope() as ex.serving:
+                stop_watching = disconnect.watch(scope, receive, ex.left)
                 try:
                     await self._serve(ex, ticket, parsed, pool, policy, handed)
                 finally:
-                    watcher.cancel()
+                    stop_watching()
         except (ApiError, Unanswered) as e:
             err = e.error if isinstance(e, Unanswered) else e
             error = err.message
