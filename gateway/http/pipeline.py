@@ -203,7 +203,7 @@ class Exchange:
 
     def __init__(self, send: Send) -> None:
         self.send = send
-        self.serving: anyio.CancelScope | None = None  # what the client's leaving cancels
+        self.serving: anyio.CancelScope | None = None  # what the client's leaving (or a drain) cancels
         self.status = 0
         self.started = False
         self.complete = False
@@ -251,7 +251,7 @@ class CompletionEndpoint:
             parsed = parse_request(raw, self.endpoint)
             ticket.model, ticket.stream, ticket.endpoint = parsed.model, parsed.stream, parsed.endpoint
             pool, reservation = await self.gw.admit(ticket, parsed, request, policy, tenant, self.path)
-            # One scope the disconnect cancels, not a task group (docs/decisions/0005-disconnect-watcher.md).
+            # One scope the disconnect (or a drain, while queued) cancels, not a task group (decision 0005).
             with anyio.CancelScope() as ex.serving:
                 stop_watching = disconnect.watch(scope, receive, ex.left)
                 try:
@@ -304,7 +304,9 @@ class CompletionEndpoint:
         pool_policy = policy.pool(pool.name)
         t = pool_policy.timeouts
         deadlines = Deadlines(t.connect, t.first_byte, t.idle, t.total)
-        upstream, lease = await self._open(ticket, pool, body, headers, deadlines, pool_policy.retries)
+        assert ex.serving is not None
+        retries = pool_policy.retries
+        upstream, lease = await self._open(ticket, pool, body, headers, deadlines, retries, ex.serving)
         hand = handed.append
         try:
             if parsed.stream:
@@ -371,6 +373,7 @@ class CompletionEndpoint:
         headers: dict[str, str],
         deadlines: Deadlines,
         retries: int,
+        serving: anyio.CancelScope,
     ) -> tuple[OpenUpstream, Lease]:
         """Wait for a lease and open the upstream; before the first byte, retry on another backend. The
         body is shaped and serialised per attempt by the backend's kind (a backend that schedules by
@@ -380,7 +383,7 @@ class CompletionEndpoint:
         scheduler = self.gw.schedulers[pool.name]
         requeued = False
         while True:
-            with self.gw.drain.waiting():  # a drain answers the queued at once: 503 shutting_down
+            with self.gw.drain.waiting(serving):  # a drain answers the queued at once: 503 shutting_down
                 lease = await scheduler.acquire(ticket, exclude=exclude, requeued=requeued)
             backend = lease.backend
             owner = self.gw.pools[backend.pool]  # differs from `pool` when an idle backend is lent
