@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from gateway.http import disconnect
-from gateway.http.asgi import send_error, send_json
+from gateway.http.asgi import IndexedRequest, send_error, send_json
 from gateway.http.stream_end import read_to_usage, reported_usage
 from gateway.observability import metrics, record
 from gateway.observability.record import latencies
@@ -235,7 +235,7 @@ class CompletionEndpoint:
             await self._exchange(scope, receive, send)
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive)
+        request = IndexedRequest(scope, receive)
         ex = Exchange(send)
         ticket = Ticket(id=scope["state"]["request_id"], model="", stream=False, arrival=self.gw.clock())
         reservation: Reservation | None = None
