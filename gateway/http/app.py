@@ -170,7 +170,8 @@ class GatewayApp(Starlette):
     def __init__(self, *args: Any, fast: dict[str, Route], access_log: bool, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._fast = {
-            path: RequestIdMiddleware(_Routed(route), enabled_log=access_log) for path, route in fast.items()
+            path: (route, RequestIdMiddleware(route.endpoint, enabled_log=access_log))
+            for path, route in fast.items()
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -180,22 +181,9 @@ class GatewayApp(Starlette):
         if fast is None or scope.get("root_path"):
             await super().__call__(scope, receive, send)
             return
-        scope["app"] = self
-        await fast(scope, receive, send)
-
-
-class _Routed:
-    """A route's endpoint, with the route in the scope as Starlette's router leaves it (metrics label
-    requests by its path)."""
-
-    __slots__ = ("route",)
-
-    def __init__(self, route: Route) -> None:
-        self.route = route
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope["route"] = self.route
-        await self.route.endpoint(scope, receive, send)
+        # the app and the route in the scope as Starlette's router leaves them (metrics label by the path)
+        scope["app"], scope["route"] = self, fast[0]
+        await fast[1](scope, receive, send)
 
 
 def create_app(config: GatewayConfig, policy: PolicyHolder | None = None) -> Starlette:

@@ -13,6 +13,10 @@ once a request's headers are complete. This subclass adds, per connection:
 - **a connection limit** (`limits.max_connections`): a connection beyond it is answered 503
   `too_many_connections` with `Retry-After` at once and closed, before it can hold anything.
 
+Each request's scope carries a `DisconnectHook` (gateway/http/disconnect.py), fired when the connection is
+lost before its response completed: the completion routes learn that their client left without a task of
+their own waiting for `http.disconnect`.
+
 It also sends each response's header block together with the first body bytes of the same loop turn
 (`HeadCork`): uvicorn writes the head as soon as the app starts the response, so a whole response would
 take two sends, and on loopback or a LAN a send costs about as much CPU as the Python that built the reply.
@@ -29,6 +33,7 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from gateway.http.disconnect import EXTENSION, DisconnectHook
 from gateway.observability import metrics
 from gateway.request.errors import ApiError, ErrorCode
 from gateway.settings.config import LimitsConfig
@@ -131,6 +136,10 @@ class EdgeProtocol(HttpToolsProtocol):
             return
         self._arm_header_timer()
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope["extensions"] = {EXTENSION: {"hook": DisconnectHook()}}
+
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
@@ -168,6 +177,11 @@ class EdgeProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         super().connection_lost(exc)
+        cycle = self.cycle
+        if cycle is not None and cycle.disconnected:  # lost before its response completed
+            hook = cycle.scope["extensions"][EXTENSION]["hook"]
+            if isinstance(hook, DisconnectHook):
+                hook.fire()
 
     def send_400_response(self, msg: str) -> None:
         """A request the parser cannot read: an OpenAI-style 400 rather than uvicorn's plain text."""

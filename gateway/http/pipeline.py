@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from gateway.http.asgi import send_error, send_json
+from gateway.http import disconnect
+from gateway.http.asgi import IndexedRequest, send_error, send_json
 from gateway.http.stream_end import read_to_usage, reported_usage
 from gateway.observability import metrics, record
 from gateway.observability.record import latencies
@@ -198,10 +199,11 @@ def _int(value: str | None) -> int:
 class Exchange:
     """One client exchange: tracks whether headers went out and whether the client left."""
 
-    __slots__ = ("complete", "disconnected", "send", "started", "status")
+    __slots__ = ("complete", "disconnected", "send", "serving", "started", "status")
 
     def __init__(self, send: Send) -> None:
         self.send = send
+        self.serving: anyio.CancelScope | None = None  # what the client's leaving (or a drain) cancels
         self.status = 0
         self.started = False
         self.complete = False
@@ -212,14 +214,12 @@ class Exchange:
         self.complete = True
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                if not self.complete:
-                    self.disconnected = True
-                    scope.cancel()
-                return
+    def left(self) -> None:
+        """The client disconnected (gateway/http/disconnect.py)."""
+        if not self.complete:
+            self.disconnected = True
+            assert self.serving is not None  # watched only while serving
+            self.serving.cancel()
 
 
 class CompletionEndpoint:
@@ -235,7 +235,7 @@ class CompletionEndpoint:
             await self._exchange(scope, receive, send)
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive)
+        request = IndexedRequest(scope, receive)
         ex = Exchange(send)
         ticket = Ticket(id=scope["state"]["request_id"], model="", stream=False, arrival=self.gw.clock())
         reservation: Reservation | None = None
@@ -251,13 +251,13 @@ class CompletionEndpoint:
             parsed = parse_request(raw, self.endpoint)
             ticket.model, ticket.stream, ticket.endpoint = parsed.model, parsed.stream, parsed.endpoint
             pool, reservation = await self.gw.admit(ticket, parsed, request, policy, tenant, self.path)
-            # A bare watcher task and one scope, not a task group (docs/decisions/0005-disconnect-watcher.md).
-            with anyio.CancelScope() as on_disconnect:
-                watcher = asyncio.create_task(ex.watch_disconnect(receive, on_disconnect))
+            # One scope the disconnect (or a drain, while queued) cancels, not a task group (decision 0005).
+            with anyio.CancelScope() as ex.serving:
+                stop_watching = disconnect.watch(scope, receive, ex.left)
                 try:
                     await self._serve(ex, ticket, parsed, pool, policy, handed)
                 finally:
-                    watcher.cancel()
+                    stop_watching()
         except (ApiError, Unanswered) as e:
             err = e.error if isinstance(e, Unanswered) else e
             error = err.message
@@ -304,7 +304,9 @@ class CompletionEndpoint:
         pool_policy = policy.pool(pool.name)
         t = pool_policy.timeouts
         deadlines = Deadlines(t.connect, t.first_byte, t.idle, t.total)
-        upstream, lease = await self._open(ticket, pool, body, headers, deadlines, pool_policy.retries)
+        assert ex.serving is not None
+        retries = pool_policy.retries
+        upstream, lease = await self._open(ticket, pool, body, headers, deadlines, retries, ex.serving)
         hand = handed.append
         try:
             if parsed.stream:
@@ -371,6 +373,7 @@ class CompletionEndpoint:
         headers: dict[str, str],
         deadlines: Deadlines,
         retries: int,
+        serving: anyio.CancelScope,
     ) -> tuple[OpenUpstream, Lease]:
         """Wait for a lease and open the upstream; before the first byte, retry on another backend. The
         body is shaped and serialised per attempt by the backend's kind (a backend that schedules by
@@ -380,7 +383,7 @@ class CompletionEndpoint:
         scheduler = self.gw.schedulers[pool.name]
         requeued = False
         while True:
-            with self.gw.drain.waiting():  # a drain answers the queued at once: 503 shutting_down
+            with self.gw.drain.waiting(serving):  # a drain answers the queued at once: 503 shutting_down
                 lease = await scheduler.acquire(ticket, exclude=exclude, requeued=requeued)
             backend = lease.backend
             owner = self.gw.pools[backend.pool]  # differs from `pool` when an idle backend is lent

@@ -44,17 +44,20 @@ class _Ring(Generic[T]):
         self._slices: deque[tuple[float, T]] = deque()
 
     def live(self, now: float) -> list[T]:
-        cutoff = now - self.window_s
-        while self._slices and self._slices[0][0] + self._width <= cutoff:
-            self._slices.popleft()
+        self._drop_old(now)
         return [payload for _, payload in self._slices]
 
     def current(self, now: float) -> T:
-        self.live(now)
+        self._drop_old(now)  # an observation needs the newest slice only, not a list of every live one
         start = now - (now % self._width)
         if not self._slices or self._slices[-1][0] < start:
             self._slices.append((start, self._factory()))
         return self._slices[-1][1]
+
+    def _drop_old(self, now: float) -> None:
+        cutoff = now - self.window_s
+        while self._slices and self._slices[0][0] + self._width <= cutoff:
+            self._slices.popleft()
 
 
 @dataclass(slots=True)

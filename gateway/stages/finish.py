@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-import anyio
-
 from gateway.request.ticket import Ending, Outcome, Ticket
 from gateway.stages.measure import Measure
 from gateway.tenants.charge import billable, charged_prompt
@@ -44,14 +42,15 @@ class Finish:
         ticket.ending = replace(ending, outcome=Outcome.OK) if ending.outcome == Outcome.PENDING else ending
         usage = billable(ticket)
         if reservation is not None:
+            # No cancel scope of its own: the pipeline calls this after the request's only cancel scope has
+            # ended, and an anyio shield would not stop the server cancelling the task anyway.
             try:
-                with anyio.CancelScope(shield=True):
-                    await self.tenants.reconcile(
-                        reservation,
-                        charged_prompt(usage, self.tenants.defaults.cached_input_share),
-                        usage.completion_tokens,
-                        audio_seconds=ticket.audio_seconds,
-                    )
+                await self.tenants.reconcile(
+                    reservation,
+                    charged_prompt(usage, self.tenants.defaults.cached_input_share),
+                    usage.completion_tokens,
+                    audio_seconds=ticket.audio_seconds,
+                )
             except Exception:
                 log.exception("reconciling request %s failed", ticket.id)
         try:

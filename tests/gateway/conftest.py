@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.http.app import create_app
+from gateway.http.edge import edge_protocol
 from gateway.settings.config import GatewayConfig, parse_config
 from tests.support.fake_sglang import Behaviour, Record, make_app
 from tests.support.servers import ServerThread, free_port, serve
@@ -70,9 +71,11 @@ def policy_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def start_gateway(stack: ExitStack, policy_file: Path) -> Callable[..., ServerThread]:
-    def start(backends: list[str], **overrides: Any) -> ServerThread:
+    def start(backends: list[str], *, edge: bool = False, **overrides: Any) -> ServerThread:
+        """`edge`: under `omnigate serve`'s own protocol (gateway/http/edge.py), not uvicorn's."""
         config = gateway_config(backends, policy_file, **overrides)
-        return stack.enter_context(serve(create_app(config)))
+        server = {"http": edge_protocol(config.limits)} if edge else {}
+        return stack.enter_context(serve(create_app(config), **server))
 
     return start
 

@@ -60,9 +60,11 @@ def test_non_streaming_response_unchanged(start_backend, start_gateway):
     assert resp.headers["x-omnigate-backend"] == "interactive-0"
 
 
-def test_client_disconnect_cancels_upstream_within_a_second(start_backend, start_gateway):
+@pytest.mark.parametrize("edge", [False, True], ids=["uvicorn", "edge"])
+def test_client_disconnect_cancels_upstream_within_a_second(start_backend, start_gateway, edge):
+    """Told by `http.disconnect` (any server) or by the edge protocol's hook (`omnigate serve`)."""
     backend = start_backend(token_delay=0.05)
-    gw = start_gateway([backend.url])
+    gw = start_gateway([backend.url], edge=edge)
     body = {**CHAT, "stream": True, "max_tokens": 400}
     with (
         httpx.Client(timeout=10) as client,
