@@ -65,7 +65,6 @@ from loadtest.sim.profile import load_profile
 
 PROBE_CLASS = "probe"
 ABLATIONS: dict[str, dict[str, Any]] = {
-    "window": {"window": {"enabled": False}},
     "metered rounds (and with them the duty)": {"budgets": {"prefill_rate_fraction": None}},
     "duty (held at 1)": {"controller": {"duty": False}},
     "shield (and with it the spacing)": {"budgets": {"shield": {"tokens": None}}},

@@ -31,7 +31,6 @@ smaller prompts pass it, the time is the engine's, not theirs to wait for.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Iterable
 
 from gateway.admission.blocks import Block
@@ -78,14 +77,6 @@ class Dispatcher:
 
     # -- placement ---------------------------------------------------------------------------------
 
-    def joins_round(self, entry: Entry, ctx: Decision) -> bool:
-        """May `entry` go in the current round? Always, unless the round is grouped and it came late —
-        then only above the round's bar: a higher band, or a tenant under its share where the round
-        opened for or released only tenants at or over theirs."""
-        if not self._rounds.late(entry.enqueued_at):
-            return True
-        return self._standing.rank(entry.ticket, ctx) > self._rounds.bar
-
     def ask(self, ticket: Ticket, ctx: Decision, *, loan: bool = False, new_round: bool = False) -> Ask:
         """`ticket` as placement weighs it under `ctx`: its rank and engine priority as they stand now."""
         rank = self._standing.rank(ticket, ctx)
@@ -114,10 +105,8 @@ class Dispatcher:
         metered: bool = True,
     ) -> dict[str, Block]:
         """Why `entry` is not going to each backend now (empty: nothing stops it). `new_round`: as a round
-        opened now would judge it (no grouping, the round's prefill budget unspent); `metered=False`: only
-        what lasts — slots, KV, buckets — not the round, the shield or the spacing."""
-        if not new_round and not self.joins_round(entry, ctx):
-            return {"*": Block.ROUND_GROUP}
+        opened now would judge it (the round's prefill budget unspent); `metered=False`: only what lasts —
+        slots, KV, buckets — not the round, the shield or the spacing."""
         ask = self.ask(entry.ticket, ctx, new_round=new_round)
         out: dict[str, Block] = {}
         for b in backends:
@@ -140,8 +129,6 @@ class Dispatcher:
         usable = [b for b in backends if b.available]
         shield = ctx.budgets.shield
         for entry in order:
-            if not self.joins_round(entry, ctx):
-                continue
             own = own_backends(entry.ticket, entry.exclude, usable, ctx.budgets)
             if not own:
                 continue
@@ -215,8 +202,8 @@ class Dispatcher:
     def commit(self, ticket: Ticket, backend: BackendState, ctx: Decision, *, loan: bool = False) -> int:
         """Account a dispatch with every family (`release` undoes exactly that); returns its engine
         priority. A loan (another pool's request on our backend) spends the round's prefill budget but is
-        not our traffic: it neither raises the round's bar nor counts as arrival pressure for the window,
-        is never spaced and never counts as a rank seen by the shield. Its prompt's chunks become the
+        not our traffic: it is not counted among the round's dispatches, is never spaced and never counts
+        as a rank seen by the shield. Its prompt's chunks become the
         backend's most recent (the prefix index), and the families count the prompt less the prefix found
         there (`cost.prefill_tokens`)."""
         ask = self.ask(ticket, ctx, loan=loan)  # as it stood when it was chosen
@@ -254,23 +241,12 @@ class Dispatcher:
     def round_open(self, now: float, budgets: PoolBudgets) -> bool:
         return self._rounds.is_open(now, budgets)
 
-    def open_round(
-        self,
-        now: float,
-        budgets: PoolBudgets | None = None,
-        *,
-        grouped: bool = False,
-        top_band: float = -math.inf,
-    ) -> None:
+    def open_round(self, now: float, budgets: PoolBudgets | None = None) -> None:
         """Start a round (rounds.py: `Rounds.open`), carrying what the last one released beyond its budget."""
-        self._rounds.open(now, grouped=grouped, top_band=top_band, budgets=budgets)
+        self._rounds.open(now, budgets)
 
     def round_ends(self, budgets: PoolBudgets) -> float | None:
         return self._rounds.ends(budgets)
-
-    def recent_prefill(self, now: float, budgets: PoolBudgets, min_band: float = -math.inf) -> int:
-        """Prefill tokens the current or just-ended round released at bands ≥ `min_band` (the load)."""
-        return self._rounds.recent_prefill(now, budgets, min_band)
 
     # -- the shield --------------------------------------------------------------------------------
 

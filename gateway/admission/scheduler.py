@@ -30,12 +30,12 @@ from gateway.admission.limits import Limit, Sample, latency_ratio, make_limit, t
 from gateway.admission.queue import Entry, SLOQueue, effective_deadline
 from gateway.admission.replica_shares import Fairness, ReplicaShares
 from gateway.admission.rounds import BudgetCopy, Metering
-from gateway.admission.settings import AdmissionSettings, PoolBudgets
+from gateway.admission.settings import AdmissionSettings
 from gateway.admission.shedding import PrefillRate, QueueGuard, SlotWait, displaced_error
 from gateway.admission.standing import RecentService
 from gateway.admission.state import PoolView, pool_snapshot
 from gateway.admission.turnover import capacity_lost
-from gateway.admission.window import QueueLoad, hold, under_load
+from gateway.admission.window import hold
 from gateway.backends.state import BackendState
 from gateway.request.errors import ApiError, ErrorCode
 from gateway.request.ticket import Outcome, Ticket, Usage
@@ -274,14 +274,12 @@ class PoolScheduler:
         wake = math.inf
         while self.queue:
             if not dispatcher.round_open(now, budgets):
-                load = self.window_load(now, budgets)
-                self.window_s = hold(self.pool, load, settings.window)
-                opens = load.oldest_enqueued_at + self.window_s
+                self.window_s = hold(self.pool, self.queue.prefill_tokens(), settings.window)
+                opens = self._oldest_enqueued_at() + self.window_s
                 if opens > now:
                     wake = opens
                     break
-                grouped = under_load(self.pool_level(now, budgets), settings.window)
-                dispatcher.open_round(now, budgets, grouped=grouped, top_band=load.band)
+                dispatcher.open_round(now, budgets)
             placed = dispatcher.place(self.queue.ordered(), self.backends, ctx)
             if placed is not None:
                 entry, backend = placed
@@ -339,7 +337,6 @@ class PoolScheduler:
             in_flight=self.in_flight,
             borrowed=self.borrowed,
             lent=self.lent,
-            prefill_load=self.pool_level(now, ctx.budgets),
             rejections=dict(self.rejections),
             limit_values={url: lim.value for url, lim in self.limits.items()},
             prefill_duties={url: lim.prefill_duty for url, lim in self.limits.items()},
@@ -351,29 +348,11 @@ class PoolScheduler:
 
     # -- decision inputs ---------------------------------------------------------------------------
 
-    def window_load(self, now: float, budgets: PoolBudgets) -> QueueLoad:
-        """The window judges the top waiting band, so a lower band's load never holds a higher band: its
-        queued prefill tokens plus those the current / just-ended round released at that band and above
-        (a steady stream that never piles up still reads as load, in tokens: tiny requests are none),
-        and the slack of its oldest request. Queued tokens of every band count towards a full round."""
-        band = self.queue.top_band()
-        oldest = self.queue.oldest(band)
-        assert band is not None and oldest is not None
-        slack = oldest.deadline - now - oldest.prompt_tokens / self.rate.at(now)
-        return QueueLoad(
-            band=band,
-            band_prefill_tokens=self.queue.prefill_tokens(band),
-            recent_prefill_tokens=self.dispatcher.recent_prefill(now, budgets, band),
-            prefill_tokens=self.queue.prefill_tokens(),
-            oldest_enqueued_at=oldest.enqueued_at,
-            oldest_slack_s=slack,
-            round_tokens=self._round_tokens(budgets),
-        )
-
-    def pool_level(self, now: float, budgets: PoolBudgets) -> float:
-        """Prefill load of the whole pool (every band): a round opened above light load is grouped."""
-        demand = self.dispatcher.recent_prefill(now, budgets) + self.queue.prefill_tokens()
-        return demand / self._round_tokens(budgets)
+    def _oldest_enqueued_at(self) -> float:
+        """When the oldest request of the top waiting band came: an accumulating pool's hold runs from it."""
+        oldest = self.queue.oldest(self.queue.top_band())
+        assert oldest is not None
+        return oldest.enqueued_at
 
     def decision(self, settings: AdmissionSettings, candidate: tuple[int, str] | None = None) -> Decision:
         """The context of a decision under `settings` now: current limits and slot rules (headroom for
@@ -432,8 +411,7 @@ class PoolScheduler:
         budgets = ctx.budgets
         if self.dispatcher.round_open(now, budgets):
             return self.dispatcher.blocked_by(head, self.backends, ctx)
-        load = self.window_load(now, budgets)
-        if load.oldest_enqueued_at + hold(self.pool, load, settings.window) > now:
+        if self._oldest_enqueued_at() + hold(self.pool, self.queue.prefill_tokens(), settings.window) > now:
             return {"*": Block.WINDOW}
         return self.dispatcher.blocked_by(head, self.backends, ctx, new_round=True)
 
@@ -516,9 +494,6 @@ class PoolScheduler:
         shield = self.settings().budgets.for_pool(self.pool).shield
         return self.dispatcher.own_top(shield, self.clock())
 
-    def _round_tokens(self, budgets: PoolBudgets) -> int:
-        return budgets.prefill_tokens_per_round * max(1, self._available())
-
     def _slot_wait(self, entry: Entry, now: float, ahead: int = 0) -> float | None:
         """When could a backend take `entry` (round prefill budget aside)? See QueueGuard."""
         settings = self.settings()
@@ -598,7 +573,7 @@ class PoolScheduler:
         if self._lender is None:
             return None
         head = next(
-            (e for e in self.queue.ordered() if self.dispatcher.joins_round(e, ctx) and not e.ticket.stream),
+            (e for e in self.queue.ordered() if not e.ticket.stream),
             None,
         )
         loan = None if head is None else self._lender.lend(head, now)
