@@ -203,9 +203,8 @@ class Dispatcher:
         """Account a dispatch with every family (`release` undoes exactly that); returns its engine
         priority. A loan (another pool's request on our backend) spends the round's prefill budget but is
         not our traffic: it is not counted among the round's dispatches, is never spaced and never counts
-        as a rank seen by the shield. Its prompt's chunks become the
-        backend's most recent (the prefix index), and the families count the prompt less the prefix found
-        there (`cost.prefill_tokens`)."""
+        as a rank seen by the shield. Its prompt's chunks become the backend's most recent (the prefix
+        index), and the families count the prompt less the prefix found there (`cost.prefill_tokens`)."""
         ask = self.ask(ticket, ctx, loan=loan)  # as it stood when it was chosen
         ticket.cost.cached_tokens = cached = backend.prefix.match(ticket.prefix)
         if ticket.prefix is not None:

@@ -286,7 +286,7 @@ class PoolScheduler:
                 prio = dispatcher.commit(entry.ticket, backend, ctx)
                 self._dispatch(entry, backend, now, prio, loan=False)
                 continue
-            borrowed = self._borrow(now, ctx)
+            borrowed = self._borrow(now)
             if borrowed is None:
                 ends = dispatcher.round_ends(budgets)
                 wake = math.inf if ends is None else ends
@@ -566,16 +566,13 @@ class PoolScheduler:
             current.ceiling = b.max_running_requests  # the engine's own cap: more would queue in it
             b.concurrency_limit = current.limit
 
-    def _borrow(self, now: float, ctx: Decision) -> tuple[Entry, BackendState, int] | None:
+    def _borrow(self, now: float) -> tuple[Entry, BackendState, int] | None:
         """Our own backends are full: offer the first request this round may release to the lender —
         the first whole one: a loan must be revocable, and a stream cannot be taken back once it has
         started (lending.py)."""
         if self._lender is None:
             return None
-        head = next(
-            (e for e in self.queue.ordered() if not e.ticket.stream),
-            None,
-        )
+        head = next((e for e in self.queue.ordered() if not e.ticket.stream), None)
         loan = None if head is None else self._lender.lend(head, now)
         return None if head is None or loan is None else (head, *loan)
 
