@@ -30,9 +30,10 @@ when it was answered with its first token within the TTFT objective. Timing on a
 between the run and its replay, so the rest of the replay is not the same run to the request: a probe
 judges a similar queue, not the same one.
 
-`--ablate` adds, per workload, the unchanged adaptive policy once more (the run-to-run spread) and one run
-per admission mechanism switched off by its policy key, and prints each one's Δ of adaptive ÷ best fixed
-at the median and in the worst decile against that spread.
+`--ablate` adds, per workload, the unchanged adaptive policy twice more (three unchanged runs: their range
+is the run-to-run spread) and one run per admission mechanism switched off by its policy key, and prints
+each one's Δ of adaptive ÷ best fixed at the median and in the worst decile against that spread, with its
+TPOT P99 ÷ objective and share refused.
 """
 
 from __future__ import annotations
@@ -67,7 +68,6 @@ from loadtest.sim.profile import load_profile
 
 PROBE_CLASS = "probe"
 ABLATIONS: dict[str, dict[str, Any]] = {
-    "window": {"window": {"enabled": False}},
     "metered rounds (and with them the duty)": {"budgets": {"prefill_rate_fraction": None}},
     "duty (held at 1)": {"controller": {"duty": False}},
     "shield (and with it the spacing)": {"budgets": {"shield": {"tokens": None}}},
@@ -79,7 +79,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "tail shape (aim the P90 at headroom)": {"controller": {"tail_shape": False}},
 }
 NOT_EXERCISED = {"lending": "one pool per workload: nothing to lend"}
-AGAIN = "adaptive again"
+AGAIN = ("adaptive again", "adaptive a third time")
 
 
 def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +114,7 @@ def settings(args: argparse.Namespace, cap: int) -> list[tuple[str, dict[str, An
         out.append((f"fixed {n}", {"controller": {"algorithm": "fixed", "initial": n, "min": n, "max": n}}))
     out.append(("adaptive", {}))
     if args.ablate:
-        out.append((AGAIN, {}))
+        out += [(name, {}) for name in AGAIN]
         out += [(f"− {name}", over) for name, over in ABLATIONS.items()]
     return out
 
@@ -280,8 +280,8 @@ def report(fam: Family, seeds: list[int], wall_s: float) -> list[str]:
     line("share refused, adaptive", [o.runs["adaptive"].refused_share for o in outcomes], higher=False)
     for bucket in sorted({b for o in outcomes for b in o.draw.mix}):
         line(f"{bucket} in SLO, adaptive", [o.runs["adaptive"].in_slo(bucket) for o in outcomes])
-        best = [o.runs[b].in_slo(bucket) if (b := o.best_fixed()) else None for o in outcomes]
-        line(f"{bucket} in SLO, best qualifying fixed", best)
+        fixed = [o.runs[b].in_slo(bucket) if (b := o.best_fixed()) else None for o in outcomes]
+        line(f"{bucket} in SLO, best qualifying fixed", fixed)
     none = sum(o.best_fixed() is None for o in outcomes)
     if none:
         out.append(
@@ -338,24 +338,40 @@ def calibration(fam: Family) -> list[str]:
 
 
 def ablation(outcomes: list[Outcome]) -> list[str]:
-    """Each mechanism off: Δ of adaptive ÷ best fixed at the median and worst decile from the mean of two
-    runs of the unchanged policy, against the difference between those two (the run-to-run spread)."""
+    """Each mechanism off: Δ of adaptive ÷ best fixed at the median and worst decile from the mean of the
+    unchanged policy's runs, against their range (the run-to-run spread); beside it the TPOT P99 ÷
+    objective (median / worst decile) and the median share refused, so a mechanism that protects the
+    tail without moving goodput shows."""
 
     def dist(setting: str) -> Any:
         return spread(o.ratio(setting, o.best_fixed()) for o in outcomes if setting in o.runs)
 
-    base, again = dist("adaptive"), dist(AGAIN)
+    def guard(setting: str) -> str:
+        runs = [o.runs[setting] for o in outcomes if setting in o.runs]
+        tpot = spread((f.tpot_p99_ratio for f in runs), higher_is_better=False)
+        refused = spread((f.refused_share for f in runs), higher_is_better=False)
+        tail = f"{tpot.median:.2f} / {tpot.decile:.2f}" if tpot else "—"
+        return f"{tail} | {_f(refused.median if refused else None, '.1%')}"
+
+    unchanged = [(name, s) for name in ("adaptive", *AGAIN) if (s := dist(name)) is not None]
     out = ["", "Ablation — adaptive ÷ best qualifying fixed with each mechanism off:", ""]
-    if base is None or again is None:
-        return [*out, "no workload had a qualifying fixed limit: nothing to compare"]
-    noise_m, noise_d = abs(again.median - base.median), abs(again.decile - base.decile)
-    mean_m, mean_d = (base.median + again.median) / 2, (base.decile + again.decile) / 2
+    if len(unchanged) < 2:
+        return [*out, "fewer than two unchanged runs with a qualifying fixed limit: nothing to compare"]
+    medians, deciles = [s.median for _, s in unchanged], [s.decile for _, s in unchanged]
+    noise_m, noise_d = max(medians) - min(medians), max(deciles) - min(deciles)
+    mean_m, mean_d = statistics.fmean(medians), statistics.fmean(deciles)
     out += [
-        f"unchanged policy: median {base.median:.3f}, worst decile {base.decile:.3f}; run again: "
-        f"{again.median:.3f}, {again.decile:.3f} (Δ from their mean; spread {noise_m:.3f}, {noise_d:.3f})",
+        "unchanged policy (median, worst decile): "
+        + "; ".join(f"{name} {s.median:.3f}, {s.decile:.3f}" for name, s in unchanged)
+        + f" (Δ from their mean; spread {noise_m:.3f}, {noise_d:.3f})",
         "",
-        "| mechanism off | median | Δ median | worst decile | Δ worst decile | beyond the spread |",
-        "|---|---:|---:|---:|---:|---|",
+        "| mechanism off | median | Δ median | worst decile | Δ worst decile | beyond the spread "
+        "| TPOT P99 ÷ obj. median / worst decile | refused (median) |",
+        "|---|---:|---:|---:|---:|---|---|---:|",
+        *(
+            f"| (unchanged: {name}) | {s.median:.3f} | | {s.decile:.3f} | | | {guard(name)} |"
+            for name, s in unchanged
+        ),
     ]
     for name in ABLATIONS:
         s = dist(f"− {name}")
@@ -365,8 +381,9 @@ def ablation(outcomes: list[Outcome]) -> list[str]:
         worse = dm < -noise_m or dd < -noise_d
         better = dm > noise_m or dd > noise_d
         word = "worse without it" if worse else ("better without it" if better else "within the spread")
-        out.append(f"| {name} | {s.median:.3f} | {dm:+.3f} | {s.decile:.3f} | {dd:+.3f} | {word} |")
-    out += [f"| {name} | — | — | — | — | not exercised: {why} |" for name, why in NOT_EXERCISED.items()]
+        row = f"| {name} | {s.median:.3f} | {dm:+.3f} | {s.decile:.3f} | {dd:+.3f} | {word}"
+        out.append(f"{row} | {guard(f'− {name}')} |")
+    out += [f"| {name} | — | — | — | — | not exercised: {why} | | |" for name, why in NOT_EXERCISED.items()]
     return out
 
 

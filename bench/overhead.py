@@ -4,7 +4,7 @@ One run starts a zero-latency SGLang-like backend, nginx (one worker, no bufferi
 LiteLLM's proxy (one worker, if installed) and omnigate several ways, each in its own process on loopback,
 plus a load generator in another:
 
-  omnigate          a policy whose admission stages never hold a request (no batching window, a fixed
+  omnigate          a policy whose admission stages never hold a request (no accumulating window, a fixed
                     concurrency limit above the load), no auth: the proxy, not the scheduler
   omnigate+log      the same with the access log on
   omnigate+otel     the same with OpenTelemetry traces on, every request sampled, exported to a sink

@@ -105,7 +105,6 @@ def scaled_policy(base: Policy, k: float, controller: dict[str, Any]) -> dict[st
     b["round_s"] /= k
     b["stages"]["rtf_target"] /= k  # wall seconds per audio second: the audio is not compressed
     b["shield"]["hold_s"] /= k
-    w["max_window_s"] /= k
     for acc in w["accumulate"].values():
         acc["max_wait_s"] /= k
     c["cooldown_s"] /= k

@@ -342,11 +342,11 @@ def start_backend(procs: Procs) -> int:
     return int(line.split()[1])
 
 
-# Admission stages stay in the path but never hold or shed a request: no batching window, a fixed
+# Admission stages stay in the path but never hold or shed a request: no accumulating window, a fixed
 # concurrency limit above any benchmark load, no deadline shedding. What is left is the proxy's own cost.
 PASS_THROUGH_POLICY = """\
 version: 1
-window: {enabled: false}
+window: {accumulate: {}}
 controller: {algorithm: fixed, initial: 4096, min: 4, max: 4096}
 queue:
   classes:

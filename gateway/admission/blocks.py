@@ -11,8 +11,7 @@ from enum import StrEnum
 
 
 class Block(StrEnum):
-    WINDOW = "window"  # the batching window holds the queue
-    ROUND_GROUP = "round_group"  # a grouped round opened before it came, and it is not above the bar
+    WINDOW = "window"  # an accumulating pool holds its queue (window.py)
     UNAVAILABLE = "unavailable"  # the backend is down or its circuit is open
     EXCLUDED = "excluded"  # the request already failed there
     BUCKET_CAP = "bucket_cap"  # its modality bucket is at its cap there

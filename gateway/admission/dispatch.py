@@ -31,7 +31,6 @@ smaller prompts pass it, the time is the engine's, not theirs to wait for.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Iterable
 
 from gateway.admission.blocks import Block
@@ -80,14 +79,6 @@ class Dispatcher:
 
     # -- placement ---------------------------------------------------------------------------------
 
-    def joins_round(self, entry: Entry, ctx: Decision) -> bool:
-        """May `entry` go in the current round? Always, unless the round is grouped and it came late —
-        then only above the round's bar: a higher band, or a tenant under its share where the round
-        opened for or released only tenants at or over theirs."""
-        if not self._rounds.late(entry.enqueued_at):
-            return True
-        return self._standing.rank(entry.ticket, ctx) > self._rounds.bar
-
     def ask(self, ticket: Ticket, ctx: Decision, *, loan: bool = False, new_round: bool = False) -> Ask:
         """`ticket` as placement weighs it under `ctx`: its rank and engine priority as they stand now."""
         rank = self._standing.rank(ticket, ctx)
@@ -112,10 +103,8 @@ class Dispatcher:
         metered: bool = True,
     ) -> dict[str, Block]:
         """Why `entry` is not going to each backend now (empty: nothing stops it). `new_round`: as a round
-        opened now would judge it (no grouping, the round's prefill budget unspent); `metered=False`: only
-        what lasts — slots, KV, buckets — not the round, the shield or the spacing."""
-        if not new_round and not self.joins_round(entry, ctx):
-            return {"*": Block.ROUND_GROUP}
+        opened now would judge it (the round's prefill budget unspent); `metered=False`: only what lasts —
+        slots, KV, buckets — not the round, the shield or the spacing."""
         ask = self.ask(entry.ticket, ctx, new_round=new_round)
         out: dict[str, Block] = {}
         for b in backends:
@@ -140,16 +129,14 @@ class Dispatcher:
     ) -> tuple[Entry, BackendState] | None:
         """The first entry in `order` that fits somewhere, and where; None when nothing may go now.
         `loan`: `order` is another pool's request (not spaced). `paced=False` (a rushed request,
-        scheduler.py): neither the round's grouping nor the shield and its spacing hold it — only the
-        slots, stages, KV and the round's prefill budget. A refusal by the shield is remembered (`held`):
+        scheduler.py): neither the shield nor its spacing holds it — only the slots, stages, KV and the
+        round's prefill budget. A refusal by the shield is remembered (`held`):
         a first byte may lift it. The chosen request's `Ask` is kept for its `commit` under the same
         decision: nothing between the two changes its standing, so it is not weighed twice."""
         self._chosen = None
         usable = [b for b in backends if b.available]
         shield = ctx.budgets.shield
         for entry in order:
-            if paced and not self.joins_round(entry, ctx):
-                continue
             own = own_backends(entry.ticket, entry.exclude, usable, ctx.budgets)
             if not own:
                 continue
@@ -227,10 +214,9 @@ class Dispatcher:
     def commit(self, ticket: Ticket, backend: BackendState, ctx: Decision, *, loan: bool = False) -> int:
         """Account a dispatch with every family (`release` undoes exactly that); returns its engine
         priority. A loan (another pool's request on our backend) spends the round's prefill budget but is
-        not our traffic: it neither raises the round's bar nor counts as arrival pressure for the window,
-        is never spaced and never counts as a rank seen by the shield. Its prompt's chunks become the
-        backend's most recent (the prefix index), and the families count the prompt less the prefix found
-        there (`cost.prefill_tokens`)."""
+        not our traffic: it is not counted among the round's dispatches, is never spaced and never counts
+        as a rank seen by the shield. Its prompt's chunks become the backend's most recent (the prefix
+        index), and the families count the prompt less the prefix found there (`cost.prefill_tokens`)."""
         chosen, self._chosen = self._chosen, None
         if chosen is not None and chosen[0] is ctx and chosen[1].ticket is ticket and chosen[1].loan == loan:
             ask = chosen[1]  # as `place` weighed it under this decision
@@ -271,23 +257,12 @@ class Dispatcher:
     def round_open(self, now: float, budgets: PoolBudgets) -> bool:
         return self._rounds.is_open(now, budgets)
 
-    def open_round(
-        self,
-        now: float,
-        budgets: PoolBudgets | None = None,
-        *,
-        grouped: bool = False,
-        top_band: float = -math.inf,
-    ) -> None:
+    def open_round(self, now: float, budgets: PoolBudgets | None = None) -> None:
         """Start a round (rounds.py: `Rounds.open`), carrying what the last one released beyond its budget."""
-        self._rounds.open(now, grouped=grouped, top_band=top_band, budgets=budgets)
+        self._rounds.open(now, budgets)
 
     def round_ends(self, budgets: PoolBudgets) -> float | None:
         return self._rounds.ends(budgets)
-
-    def recent_prefill(self, now: float, budgets: PoolBudgets, min_band: float = -math.inf) -> int:
-        """Prefill tokens the current or just-ended round released at bands ≥ `min_band` (the load)."""
-        return self._rounds.recent_prefill(now, budgets, min_band)
 
     # -- the shield --------------------------------------------------------------------------------
 

@@ -11,10 +11,6 @@ min(prefill_tokens_per_round, fraction × the measured prefill rate × round_s) 
 the gateway's order rather than the engine's FIFO decides whose prefill runs next; what a round released
 beyond its budget is carried into the next rounds (less one budget per round elapsed), so the budget
 meters the engine's rate even for prompts larger than one round's budget.
-
-A grouped round (opened under load, see window.py) releases only what was waiting when it opened, so
-each round is one bounded group of prefills — except that a later arrival ranked strictly above
-everything the round opened for or released (`bar`) joins at once, and raises the bar.
 """
 
 from __future__ import annotations
@@ -71,19 +67,16 @@ class Metering(BudgetCopy):
 
 
 class Rounds:
-    """The current round of one pool: when it opened, whether it is grouped, its bar, and the prefill it
-    released per backend and engine priority (and per band, for the window's load). The round's prefill
-    family, a `Budget` (families.py) that frees itself: the next round has its budget unspent."""
+    """The current round of one pool: when it opened, and the prefill it released per backend and engine
+    priority. The round's prefill family, a `Budget` (families.py) that frees itself: the next round has
+    its budget unspent."""
 
     lasting = False
 
     def __init__(self) -> None:
         self.started: float | None = None
-        self.grouped = False
-        self.bar = -math.inf  # highest rank (standing.py) the round opened for or released
         self.prefill: dict[str, dict[int, int]] = {}  # backend → engine priority → tokens
         self.dispatched: dict[int, int] = {}  # band → dispatches this round
-        self.band_prefill: dict[int, int] = {}  # band → prefill tokens released this round
 
     def is_open(self, now: float, budgets: PoolBudgets) -> bool:
         return self.started is not None and now < self.started + budgets.round_s
@@ -91,36 +84,12 @@ class Rounds:
     def ends(self, budgets: PoolBudgets) -> float | None:
         return None if self.started is None else self.started + budgets.round_s
 
-    def late(self, enqueued_at: float) -> bool:
-        """Did a request queued at `enqueued_at` come after a grouped round opened (it joins only above
-        the bar)?"""
-        return self.grouped and self.started is not None and enqueued_at > self.started
-
-    def recent_prefill(self, now: float, budgets: PoolBudgets, min_band: float = -math.inf) -> int:
-        """Prefill tokens released at bands ≥ `min_band` by the current or just-ended round (0 after an
-        idle gap of a round): the prefill demand of that priority and above. Tokens, not requests: many
-        tiny dispatches are no load."""
-        if self.started is None or now >= self.started + 2 * budgets.round_s:
-            return 0
-        return sum(n for band, n in self.band_prefill.items() if band >= min_band)
-
-    def open(
-        self,
-        now: float,
-        *,
-        grouped: bool = False,
-        top_band: float = -math.inf,
-        budgets: PoolBudgets | None = None,
-    ) -> None:
-        """Start a round (grouped: under load; `top_band`: the top waiting band, the round's first bar).
-        With `budgets`, a backend's prefill released beyond what the rounds since the last one opened
-        allowed is carried in as already released."""
+    def open(self, now: float, budgets: PoolBudgets | None = None) -> None:
+        """Start a round. With `budgets`, a backend's prefill released beyond what the rounds since the
+        last one opened allowed is carried in as already released."""
         self.prefill = self._carry(now, budgets) if budgets is not None else {}
         self.started = now
-        self.grouped = grouped
-        self.bar = top_band
         self.dispatched = {}
-        self.band_prefill = {}
 
     def _carry(self, now: float, budgets: PoolBudgets) -> dict[str, dict[int, int]]:
         """Per backend and engine priority, the prefill the last round released that the time since it
@@ -145,9 +114,7 @@ class Rounds:
         """The round as `/admin/state` shows it."""
         return {
             "open": self.is_open(now, budgets),
-            "grouped": self.grouped,
             "age_s": None if self.started is None else now - self.started,
-            "bar_priority": self.bar if math.isfinite(self.bar) else None,
             "dispatched_by_priority": {str(band): n for band, n in sorted(self.dispatched.items())},
         }
 
@@ -169,12 +136,10 @@ class Rounds:
         return None
 
     def commit(self, ask: Ask, backend: BackendState, ctx: Decision) -> None:
-        """A dispatch spends the round's budget; only the pool's own (not a loan) raises its bar and counts
-        as its band's load."""
-        tokens = ask.ticket.cost.prefill_tokens
-        self.spend(backend.url, ask.engine_priority, tokens)
+        """A dispatch spends the round's budget; only the pool's own (not a loan) counts as its band's."""
+        self.spend(backend.url, ask.engine_priority, ask.ticket.cost.prefill_tokens)
         if not ask.loan:
-            self.count(ask.ticket.priority, ask.rank, tokens)
+            self.dispatched[ask.ticket.priority] = self.dispatched.get(ask.ticket.priority, 0) + 1
 
     def release(self, ticket: Ticket, backend: BackendState, now: float) -> None:
         """Nothing to give back: what a round released is spent, and the next round starts afresh."""
@@ -183,9 +148,3 @@ class Rounds:
         """A dispatch to `url` (also a loan: it spends the lender's budget)."""
         levels = self.prefill.setdefault(url, {})
         levels[engine_priority] = levels.get(engine_priority, 0) + prompt_tokens
-
-    def count(self, band: int, rank: float, prompt_tokens: int) -> None:
-        """One of the pool's own dispatches: it raises the bar and counts as the band's load."""
-        self.dispatched[band] = self.dispatched.get(band, 0) + 1
-        self.band_prefill[band] = self.band_prefill.get(band, 0) + prompt_tokens
-        self.bar = max(self.bar, rank)

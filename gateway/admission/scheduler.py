@@ -30,12 +30,12 @@ from gateway.admission.limits import Limit, Sample, latency_ratio, make_limit, t
 from gateway.admission.queue import Entry, SLOQueue, effective_deadline
 from gateway.admission.replica_shares import Fairness, ReplicaShares
 from gateway.admission.rounds import BudgetCopy, Metering
-from gateway.admission.settings import AdmissionSettings, PoolBudgets
+from gateway.admission.settings import AdmissionSettings
 from gateway.admission.shedding import PrefillRate, QueueGuard, SlotWait, displaced_error
 from gateway.admission.standing import RecentService
 from gateway.admission.state import PoolView, pool_snapshot
 from gateway.admission.turnover import capacity_lost
-from gateway.admission.window import QueueLoad, hold, under_load
+from gateway.admission.window import hold
 from gateway.backends.state import BackendState
 from gateway.request.errors import ApiError, ErrorCode
 from gateway.request.ticket import Outcome, Ticket, Usage
@@ -273,24 +273,23 @@ class PoolScheduler:
         ctx = self.decision(settings)
         budgets = ctx.budgets
         if swept_now:
-            self._rush(now, ctx, settings)
+            self._rush(now, ctx)
         wake = math.inf
         while self.queue:
             if not dispatcher.round_open(now, budgets):
-                load = self.window_load(now, budgets)
-                self.window_s = hold(self.pool, load, settings.window)
-                opens = load.oldest_enqueued_at + self.window_s
+                self.window_s = hold(self.pool, self.queue.prefill_tokens(), settings.window)
+                opens = self._oldest_enqueued_at() + self.window_s
                 if opens > now:
                     wake = opens
                     break
-                self._open_round(now, budgets, settings, load.band)
+                dispatcher.open_round(now, budgets)
             placed = dispatcher.place(self.queue.ordered(), self.backends, ctx)
             if placed is not None:
                 entry, backend = placed
                 prio = dispatcher.commit(entry.ticket, backend, ctx)
                 self._dispatch(entry, backend, now, prio, loan=False)
                 continue
-            borrowed = self._borrow(now, ctx)
+            borrowed = self._borrow(now)
             if borrowed is None:
                 ends = dispatcher.round_ends(budgets)
                 wake = math.inf if ends is None else ends
@@ -341,7 +340,6 @@ class PoolScheduler:
             in_flight=self.in_flight,
             borrowed=self.borrowed,
             lent=self.lent,
-            prefill_load=self.pool_level(now, ctx.budgets),
             rejections=dict(self.rejections),
             limit_values={url: lim.value for url, lim in self.limits.items()},
             prefill_duties={url: lim.prefill_duty for url, lim in self.limits.items()},
@@ -353,29 +351,11 @@ class PoolScheduler:
 
     # -- decision inputs ---------------------------------------------------------------------------
 
-    def window_load(self, now: float, budgets: PoolBudgets) -> QueueLoad:
-        """The window judges the top waiting band, so a lower band's load never holds a higher band: its
-        queued prefill tokens plus those the current / just-ended round released at that band and above
-        (a steady stream that never piles up still reads as load, in tokens: tiny requests are none),
-        and the slack of its oldest request. Queued tokens of every band count towards a full round."""
-        band = self.queue.top_band()
-        oldest = self.queue.oldest(band)
-        assert band is not None and oldest is not None
-        slack = oldest.deadline - now - oldest.prompt_tokens / self.rate.at(now)
-        return QueueLoad(
-            band=band,
-            band_prefill_tokens=self.queue.prefill_tokens(band),
-            recent_prefill_tokens=self.dispatcher.recent_prefill(now, budgets, band),
-            prefill_tokens=self.queue.prefill_tokens(),
-            oldest_enqueued_at=oldest.enqueued_at,
-            oldest_slack_s=slack,
-            round_tokens=self._round_tokens(budgets),
-        )
-
-    def pool_level(self, now: float, budgets: PoolBudgets) -> float:
-        """Prefill load of the whole pool (every band): a round opened above light load is grouped."""
-        demand = self.dispatcher.recent_prefill(now, budgets) + self.queue.prefill_tokens()
-        return demand / self._round_tokens(budgets)
+    def _oldest_enqueued_at(self) -> float:
+        """When the oldest request of the top waiting band came: an accumulating pool's hold runs from it."""
+        oldest = self.queue.oldest(self.queue.top_band())
+        assert oldest is not None
+        return oldest.enqueued_at
 
     def decision(self, settings: AdmissionSettings, candidate: tuple[int, str] | None = None) -> Decision:
         """The context of a decision under `settings` now: current limits and slot rules (headroom for
@@ -433,8 +413,7 @@ class PoolScheduler:
         budgets = ctx.budgets
         if self.dispatcher.round_open(now, budgets):
             return self.dispatcher.blocked_by(head, self.backends, ctx)
-        load = self.window_load(now, budgets)
-        if load.oldest_enqueued_at + hold(self.pool, load, settings.window) > now:
+        if self._oldest_enqueued_at() + hold(self.pool, self.queue.prefill_tokens(), settings.window) > now:
             return {"*": Block.WINDOW}
         return self.dispatcher.blocked_by(head, self.backends, ctx, new_round=True)
 
@@ -518,9 +497,6 @@ class PoolScheduler:
         shield = self.settings().budgets.for_pool(self.pool).shield
         return self.dispatcher.own_top(shield, self.clock())
 
-    def _round_tokens(self, budgets: PoolBudgets) -> int:
-        return budgets.prefill_tokens_per_round * max(1, self._available())
-
     def _slot_wait(self, entry: Entry, now: float, ahead: int = 0) -> float | None:
         """When could a backend take `entry` (round prefill budget aside)? See QueueGuard."""
         settings = self.settings()
@@ -593,16 +569,13 @@ class PoolScheduler:
             current.ceiling = b.max_running_requests  # the engine's own cap: more would queue in it
             b.concurrency_limit = current.limit
 
-    def _borrow(self, now: float, ctx: Decision) -> tuple[Entry, BackendState, int] | None:
+    def _borrow(self, now: float) -> tuple[Entry, BackendState, int] | None:
         """Our own backends are full: offer the first request this round may release to the lender —
         the first whole one: a loan must be revocable, and a stream cannot be taken back once it has
         started (lending.py)."""
         if self._lender is None:
             return None
-        head = next(
-            (e for e in self.queue.ordered() if self.dispatcher.joins_round(e, ctx) and not e.ticket.stream),
-            None,
-        )
+        head = next((e for e in self.queue.ordered() if not e.ticket.stream), None)
         loan = None if head is None else self._lender.lend(head, now)
         return None if head is None or loan is None else (head, *loan)
 
@@ -644,30 +617,21 @@ class PoolScheduler:
         waiter.lease = lease
         waiter.event.set()
 
-    def _rush(self, now: float, ctx: Decision, settings: AdmissionSettings) -> None:
+    def _rush(self, now: float, ctx: Decision) -> None:
         """Send every rushed request (QueueGuard.rushed: its slack under `rush_slack_fraction` of its
-        budget) that a slot and the round's prefill budget take, in the queue's order, past the window (a
-        round opens for it), the round's grouping, the shield and its spacing. Those shape who goes first;
-        they must not hold a request the round and a slot have room for until its deadline is lost. The
-        round's prefill budget still holds it: it is what keeps decode's share of the engine (TPOT)."""
+        budget) that a slot and the round's prefill budget take, in the queue's order, past the shield and
+        its spacing (a round opens for it if none is). Those shape who goes first; they must not hold a
+        request the round and a slot have room for until its deadline is lost. The round's prefill budget
+        still holds it: it is what keeps decode's share of the engine (TPOT)."""
         budgets = ctx.budgets
         for entry in [e for e in self.queue.ordered() if self.guard.rushed(e, now)]:
             if not self.dispatcher.round_open(now, budgets):
-                self._open_round(now, budgets, settings, self.queue.top_band())
+                self.dispatcher.open_round(now, budgets)
             placed = self.dispatcher.place([entry], self.backends, ctx, paced=False)
             if placed is not None:
                 backend = placed[1]
                 prio = self.dispatcher.commit(entry.ticket, backend, ctx)
                 self._dispatch(entry, backend, now, prio, loan=False)
-
-    def _open_round(
-        self, now: float, budgets: PoolBudgets, settings: AdmissionSettings, band: float | None
-    ) -> None:
-        """Open a round, grouped above light load, its bar the top waiting `band`."""
-        grouped = under_load(self.pool_level(now, budgets), settings.window)
-        self.dispatcher.open_round(
-            now, budgets, grouped=grouped, top_band=-math.inf if band is None else band
-        )
 
     def _owner(self, lease: Lease) -> PoolScheduler:
         """The pool whose backend runs `lease`: the lender for a loan."""

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from gateway.settings.schema import Frozen, FrozenDict
+from gateway.settings.schema import Frozen, FrozenDict, drop_removed
 
 
 class SLOClass(Frozen):
@@ -337,30 +337,22 @@ class AccumulatePolicy(Frozen):
     max_wait_s: float = Field(default=2.0, ge=0)
 
 
+_NO_LOAD_WINDOW = "rounds open as soon as requests wait, none grouped (decision 0108)"
+REMOVED_WINDOW_KEYS = dict.fromkeys(
+    ("enabled", "max_window_s", "light_load", "full_load", "slack_fraction"), _NO_LOAD_WINDOW
+)
+
+
 class WindowPolicy(Frozen):
-    enabled: bool = True
-    max_window_s: float = Field(default=0.05, ge=0)
-    light_load: float = Field(
-        default=1.0,
-        ge=0,
-        description="Prefill load (prefill tokens the current or last round released plus those queued, "
-        "over one round's budget) up to which requests go at once: demand that fits a round never waits.",
-    )
-    full_load: float = Field(
-        default=2.0, gt=0, description="Prefill load at which the window reaches max_window_s."
-    )
-    slack_fraction: float = Field(
-        default=0.5, ge=0, le=1, description="Share of the oldest request's slack a window may use."
-    )
     accumulate: FrozenDict[str, AccumulatePolicy] = Field(
-        default_factory=lambda: {"offline": AccumulatePolicy()}, description="Pool name → accumulate mode."
+        default_factory=lambda: {"offline": AccumulatePolicy()},
+        description="Pool name → accumulate mode ({}: every pool's rounds open at once).",
     )
 
-    @model_validator(mode="after")
-    def _ramp(self) -> WindowPolicy:
-        if not self.light_load < self.full_load:
-            raise ValueError(f"need light_load < full_load, got {self.light_load}, {self.full_load}")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        return drop_removed(data, "window", REMOVED_WINDOW_KEYS)
 
 
 class ControllerPolicy(Frozen):

@@ -13,7 +13,7 @@ its own prefill at the engine's nominal rate. Past the head the slots are predic
 take the free slots first, and the ones lacking free at the pool's turnover — when decodes hold every slot
 (or a tenant is held to its share), that, not prefill, is the wait. With `rush_slack_fraction` set, a sweep
 keeps any queued request, like the head, while a slot frees in time for its own nominal prefill: the
-scheduler rushes it past the window, the shield and the spacing (`rushed`); held with a slot free by the
+scheduler rushes it past the shield and the spacing (`rushed`); held with a slot free by the
 round's prefill budget alone, it is shed only once late even if sent at once (its slack below 0).
 Depth is capped per class; when full, a more urgent arrival displaces the newest request of the lowest
 band below it (503 `displaced`), else it is refused (503 `queue_full`). Every class is bounded by its

@@ -3,10 +3,10 @@
 A tenant holding fewer of the pool's slots at its band than its weighted fair share, and whose recent
 service in tokens (`RecentService`) is below the weighted average of the tenants present there, is
 *under its share*. Such a tenant goes first in its band (queue.py), ranks half a band above the others
-(`rank`: a grouped round lets its late arrival in, the shield protects it), and, when the pool's engines
-schedule by priority (`priority_scheduling`), gets the engine priority `2 · band + 1` instead of
-`2 · band`: the engine serves its waiting requests by that value, so a light tenant's prefill overtakes a
-heavy tenant's queued ones instead of waiting behind them. Without tenant headroom
+(`rank`: the shield protects it), and, when the pool's engines schedule by priority
+(`priority_scheduling`), gets the engine priority `2 · band + 1` instead of `2 · band`: the engine serves
+its waiting requests by that value, so a light tenant's prefill overtakes a heavy tenant's queued ones
+instead of waiting behind them. Without tenant headroom
 (`fairness.reserve_fraction` 0) nobody is under.
 """
 

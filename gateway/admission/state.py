@@ -35,7 +35,6 @@ class PoolView:
     in_flight: int
     borrowed: int
     lent: int
-    prefill_load: float
     rejections: Mapping[tuple[str, str], int]
     limit_values: Mapping[str, float]  # each backend's limit unrounded: the controller's state
     prefill_duties: Mapping[str, float]  # each backend's share of the prefill rate the rounds meter out
@@ -62,7 +61,6 @@ def pool_snapshot(v: PoolView) -> dict[str, Any]:
         "in_flight": v.in_flight,
         "borrowed_in_flight": v.borrowed,
         "lent_in_flight": v.lent,
-        "prefill_load": v.prefill_load,
         "prefill_tokens_per_s": v.ctx.prefill_rate,
         "prefill_tokens_per_round": budgets.prefill_tokens_per_round,
         "rejections": {f"{reason}/{cls}": n for (reason, cls), n in sorted(v.rejections.items())},

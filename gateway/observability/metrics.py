@@ -241,7 +241,7 @@ QUEUE_WAIT = LoopHistogram(
 )
 WINDOW = Gauge(
     "omnigate_batch_window_seconds",
-    "Current adaptive batching window of each pool's dispatcher (0 under light load).",
+    "How long an accumulating pool holds its queue before a round (0 for other pools).",
     ["pool"],
     registry=REGISTRY,
 )

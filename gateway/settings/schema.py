@@ -9,11 +9,14 @@ a default mapping is read-only like a parsed one.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, WrapSerializer
+
+log = logging.getLogger("omnigate.policy")
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -29,6 +32,18 @@ FrozenDict = Annotated[Mapping[K, V], AfterValidator(MappingProxyType), WrapSeri
 
 class Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+def drop_removed(data: Any, section: str, removed: Mapping[str, str]) -> Any:
+    """`data` without the keys its section no longer has (`removed`: key → what replaced it), each one
+    logged as a warning. Ignored rather than refused: the shipped default policy named some of them, and
+    replicas mid-upgrade read one file, so an error would stop a gateway for a setting that no longer
+    does anything; the warning (at every load, and from `omnigate policy check`) says to delete it."""
+    if not isinstance(data, Mapping) or not removed.keys() & data.keys():
+        return data
+    for key in sorted(removed.keys() & data.keys()):
+        log.warning("policy: %s.%s is ignored, it was removed: %s; delete it", section, key, removed[key])
+    return {k: v for k, v in data.items() if k not in removed}
 
 
 def location(err: ValidationError) -> str:

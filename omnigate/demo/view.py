@@ -58,7 +58,7 @@ class BackendView:
 
 @dataclass(slots=True)
 class PoolView:
-    """One pool's admission state from /admin/state: its queue, what is dispatched, the batching window."""
+    """One pool's admission state from /admin/state: its queue, what is dispatched, its window."""
 
     queue_depth: int = 0
     in_flight: int = 0

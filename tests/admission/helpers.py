@@ -63,7 +63,7 @@ def ticket(
 
 
 def policy(**sections: Any) -> Policy:
-    """A Policy from plain dicts per section, e.g. policy(window={"enabled": False})."""
+    """A Policy from plain dicts per section, e.g. policy(window={"accumulate": {}})."""
     return Policy.model_validate(sections)
 
 

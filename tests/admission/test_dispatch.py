@@ -135,32 +135,17 @@ def test_commit_and_release_are_exact_inverses() -> None:
     assert (b.active, b.outstanding_tokens, b.reserved_kv_tokens, b.bucket_active) == (0, 0, 0, {})
 
 
-def test_grouped_round_admits_late_arrivals_only_from_a_strictly_higher_band() -> None:
+def test_a_round_counts_the_pools_own_dispatches_by_band_and_every_prompt_against_its_budget() -> None:
     d = Dispatcher()
-    d.open_round(10.0, grouped=True, top_band=5)
-    waiting, late_same, late_high = (
-        entry(ticket(priority=p), now=t) for p, t in ((0, 10.0), (5, 10.01), (10, 10.01))
-    )
-    assert d.joins_round(waiting, CTX) and not d.joins_round(late_same, CTX) and d.joins_round(late_high, CTX)
-    d.commit(late_high.ticket, backends(1)[0], CTX)
-    assert d.rounds.bar == 10 and not d.joins_round(entry(ticket(priority=10), now=10.02), CTX)
-    assert d.rounds.dispatched == {10: 1}
-    d.open_round(10.1)  # not grouped: everyone joins
-    assert d.joins_round(late_same, CTX) and d.rounds.dispatched == {}
-
-
-def test_recent_prefill_counts_tokens_of_the_band_and_above_of_the_last_round_only() -> None:
-    d = Dispatcher()
-    budgets = PoolBudgets(round_s=0.5)
     d.open_round(10.0)
     pool = backends(1)
     for p, prompt in ((0, 1000), (5, 10), (5, 20), (10, 300)):
         d.commit(ticket(priority=p, prompt=prompt), pool[0], CTX)
-    d.commit(ticket(priority=10, prompt=4000), pool[0], CTX, loan=True)  # another pool's request: no demand
-    assert d.rounds.recent_prefill(10.5, budgets) == 1330
-    assert d.rounds.recent_prefill(10.5, budgets, min_band=5) == 330
+    d.commit(ticket(priority=10, prompt=4000), pool[0], CTX, loan=True)  # another pool's request
     assert d.rounds.dispatched == {0: 1, 5: 2, 10: 1}
-    assert d.rounds.recent_prefill(11.0, budgets) == 0  # an idle gap of a whole round
+    assert d.rounds.released(pool[0].url) == 5330  # the loan spends the lender's budget too
+    d.open_round(10.5)
+    assert (d.rounds.dispatched, d.rounds.released(pool[0].url)) == ({}, 0)
 
 
 def test_room_is_every_budget_but_the_rounds_prefill() -> None:

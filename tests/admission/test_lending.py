@@ -19,7 +19,7 @@ def _policy(lend: bool) -> Policy:
         controller={"algorithm": "fixed", "initial": 4, "min": 1, "max": 4},
         queue={"priorities": {"reserve_fraction": 0}},  # no headroom: tested in test_slots.py
         fairness={"reserve_fraction": 0},
-        window={"enabled": False},
+        window={"accumulate": {}},
         budgets={"pools": {"interactive": {"lend": {"enabled": lend, "max_load": 0.5}}}},
     )
 
@@ -128,7 +128,7 @@ async def test_a_loan_teaches_the_lenders_limit_and_prefill_rate_not_the_borrowe
         controller={"algorithm": "aimd", "initial": 4, "min": 1, "max": 8, "backoff": 0.5},
         queue={"priorities": {"reserve_fraction": 0}, "prefill_rate_min_samples": 1},
         fairness={"reserve_fraction": 0},
-        window={"enabled": False},
+        window={"accumulate": {}},
         budgets={"pools": {"interactive": {"lend": {"enabled": True, "max_load": 1.0}}}},
     )
     inter = PoolScheduler("interactive", [i0], lambda: pol.admission, clock=clock)
@@ -158,7 +158,7 @@ async def test_loans_are_neither_spaced_nor_space_the_lenders_own_prompts() -> N
         controller={"algorithm": "fixed", "initial": 8, "min": 8, "max": 8},
         queue={"priorities": {"reserve_fraction": 0}},
         fairness={"reserve_fraction": 0},
-        window={"enabled": False},
+        window={"accumulate": {}},
         budgets={
             "prefill_tokens_per_round": 10**6,
             "pools": {"interactive": {"lend": {"enabled": True, "max_load": 1.0}}},

@@ -48,7 +48,7 @@ def _sched(fraction: float, clock: FakeClock) -> PoolScheduler:
     pol = policy(
         queue={"initial_prefill_tokens_per_s": 10000, "prefill_rate_min_samples": 4},
         budgets={"prefill_tokens_per_round": 8192, "round_s": 0.1, "prefill_rate_fraction": fraction},
-        window={"enabled": False},
+        window={"accumulate": {}},
         controller={"algorithm": "fixed", "initial": 8, "min": 8, "max": 8},
     )
     return PoolScheduler("interactive", backends(1), lambda: pol.admission, clock=clock)

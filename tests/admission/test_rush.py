@@ -23,7 +23,7 @@ from gateway.request.errors import ApiError
 from tests.admission.helpers import FakeClock, backends, entry, policy, settle, spawn, ticket
 
 # Binary fractions so times compare exactly. The pool: one backend; the shield (512 tokens, spacing at duty
-# 0.1), a round of 8192 prefill tokens per 1.0 s, no window, no slots kept for the top band; the class:
+# 0.1), a round of 8192 prefill tokens per 1.0 s, no slots kept for the top band; the class:
 # first token within 1.0 s; the rate 1000 tokens/s.
 SHIELD = {"tokens": 512, "hold_s": 10.0, "duty": 0.1}
 
@@ -32,7 +32,6 @@ def _policy(slots: int = 4, round_tokens: int = 8192, round_s: float = 1.0, **qu
     return policy(
         controller={"algorithm": "fixed", "initial": slots, "min": slots, "max": slots},
         budgets={"prefill_tokens_per_round": round_tokens, "round_s": round_s, "shield": SHIELD},
-        window={"enabled": False},
         queue={
             "initial_prefill_tokens_per_s": 1000.0,
             "recheck_interval_s": 0.125,

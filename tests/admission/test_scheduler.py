@@ -76,38 +76,6 @@ async def test_light_load_dispatches_at_once_and_release_is_idempotent() -> None
     assert s.rate.tokens_per_s == 10000.0  # one sample (6000 tok/s) is under prefill_rate_min_samples
 
 
-async def test_window_groups_prefills_under_load_and_releases_light_load_at_once() -> None:
-    clock = FakeClock()
-    pol = policy(
-        window={"max_window_s": 0.0625, "light_load": 0.5, "full_load": 1.0},
-        budgets={"round_s": 0.125, "prefill_tokens_per_round": 1024},
-    )
-    s = _sched(pol, clock=clock)
-    light = [await spawn(s, ticket(prompt=128)) for _ in range(3)]
-    assert all(t.done() for t in light)  # idle pool: the first opens a round, the others join it at once
-    clock.now = 1000.125  # round over; it released 384 tokens, 256 wait: load 0.625 → window 0.015625
-    d = await spawn(s, ticket(prompt=256))
-    assert not d.done() and s.snapshot()["window_s"] == 0.015625 and s.next_wake == 1000.140625
-    clock.now = 1000.1328125
-    e = await spawn(s, ticket(prompt=256))  # load (384 + 512) / 1024 = 0.875 → window 0.046875
-    assert not e.done() and s.next_wake == 1000.171875
-    clock.now = 1000.171875  # d enqueued at 1000.125 + 0.046875: the round opens, d and e go together
-    s.pump()
-    await settle()
-    assert d.done() and e.done()
-    assert s.dispatcher.rounds.prefill == {"http://b0": {0: 512}} and s.snapshot()["round"]["grouped"]
-    clock.now = 1000.25  # inside a grouped round: a new arrival waits for the next round
-    g = await spawn(s, ticket(prompt=128))
-    assert not g.done() and s.next_wake == 1000.296875
-    clock.now = 1000.296875  # load (512 + 128) / 1024: its window (from 1000.25) is over
-    s.pump()
-    await settle()
-    assert g.done() and g.result().dispatched_at == 1000.296875
-    for t in [*light, d, e, g]:
-        t.result().release(None, "ok")
-    _assert_idle(s)
-
-
 async def test_small_requests_at_a_high_rate_to_a_backend_with_room_are_never_held() -> None:
     """The overhead benchmark's case: ~1000 requests/s of 50-token prompts, each served in 5 ms, default
     policy. Many dispatches per round are no load: every request goes the instant it arrives."""
@@ -128,7 +96,7 @@ async def test_small_requests_at_a_high_rate_to_a_backend_with_room_are_never_he
         waited.append(lease.dispatched_at - lease.ticket.arrival)
         running.append((clock.now + 0.005, lease))
     assert waited == [0.0] * 2048 and s.rejections == {}
-    assert not s.snapshot()["round"]["grouped"] and s.snapshot()["window_s"] == 0.0
+    assert s.snapshot()["window_s"] == 0.0
     for _, lease in running:
         lease.release(None, "ok")
     _assert_idle(s)
@@ -144,7 +112,7 @@ async def test_a_burst_of_big_prefills_goes_one_round_budget_per_round() -> None
     late = None
     for step in range(1, 97):
         clock.now = 1000.0 + step / 128
-        if step == 24:  # 1000.1875, inside the grouped round 1000.125 … 1000.25: waits for a later round
+        if step == 24:  # 1000.1875, its round's budget spent: it queues behind the burst (EDF)
             late = await spawn(s, ticket(prompt=3000))
         s.pump()
         await settle()
@@ -154,63 +122,11 @@ async def test_a_burst_of_big_prefills_goes_one_round_budget_per_round() -> None
         at = t.result().dispatched_at
         assert at is not None
         rounds[at] = rounds.get(at, 0) + 1
-    # the first round opened on arrival (light), released 2 × 3000 and spent its budget; every later
-    # round opens at the end of the last (a full group waits: no window) and releases what fits
+    # the first round opened on arrival, released 2 × 3000 and spent its budget; every later round
+    # opens at the end of the last and releases what fits
     assert rounds == {1000.0: 2, 1000.125: 2, 1000.25: 2, 1000.375: 2, 1000.5: 1}
     assert late.result().dispatched_at == 1000.5  # the burst's own requests stayed first
     for t in [*burst, late]:
-        t.result().release(None, "ok")
-    _assert_idle(s)
-
-
-async def _loaded_pool(clock: FakeClock) -> tuple[PoolScheduler, list[asyncio.Task[Lease]]]:
-    """Three band-0 requests of 256 tokens released on an idle pool, then a fourth held by the window
-    (load (768 + 256) / 1024 = 1: the whole max_window_s)."""
-    pol = policy(
-        window={"max_window_s": 0.0625, "light_load": 0.5, "full_load": 1.0},
-        budgets={"round_s": 0.125, "prefill_tokens_per_round": 1024},
-    )
-    s = _sched(pol, clock=clock)
-    lows = [await spawn(s, ticket(priority=0, prompt=256)) for _ in range(3)]
-    for low in lows:
-        low.result().started()  # their first bytes came: not waiting in the engine (the prefill shield)
-    clock.now = 1000.125
-    lows.append(await spawn(s, ticket(priority=0, prompt=256)))
-    assert not lows[-1].done() and s.next_wake == 1000.1875
-    return s, lows
-
-
-async def test_higher_band_joins_a_grouped_round_at_once_same_band_waits_for_the_next() -> None:
-    clock = FakeClock()
-    s, lows = await _loaded_pool(clock)
-    clock.now = 1000.1875
-    s.pump()
-    await settle()
-    assert lows[-1].done() and s.snapshot()["round"]["grouped"] and s.snapshot()["round"]["bar_priority"] == 0
-    clock.now = 1000.25  # mid-round
-    late_low = await spawn(s, ticket(priority=0, prompt=256))
-    high = await spawn(s, ticket(priority=10, prompt=256))
-    second_high = await spawn(s, ticket(priority=10, prompt=256))
-    assert high.done() and high.result().dispatched_at == 1000.25
-    assert not late_low.done() and not second_high.done()  # the round now released band 10
-    assert s.snapshot()["round"]["bar_priority"] == 10 and s.next_wake == 1000.3125
-    clock.now = 1000.3125
-    s.pump()
-    await settle()
-    assert late_low.done() and second_high.done()
-    for t in [*lows, late_low, high, second_high]:
-        t.result().release(None, "ok")
-    _assert_idle(s)
-
-
-async def test_a_lower_band_window_never_holds_a_higher_band_arrival() -> None:
-    clock = FakeClock()
-    s, lows = await _loaded_pool(clock)
-    clock.now = 1000.15625  # the band-0 window would open at 1000.1875
-    high = await spawn(s, ticket(priority=10, prompt=256))
-    assert high.done() and lows[-1].done()  # band 10 alone is light: the round opens now, for both
-    assert s.snapshot()["window_s"] == 0.0 and s.snapshot()["round"]["grouped"]
-    for t in [*lows, high]:
         t.result().release(None, "ok")
     _assert_idle(s)
 
@@ -233,20 +149,18 @@ async def test_snapshot_tells_why_the_head_of_the_queue_waits() -> None:
     clock = FakeClock()
     pol = policy(
         controller=FIXED_1,
-        window={"max_window_s": 0.5, "light_load": 0.5, "full_load": 1.0},
-        # no spacing of big lower-band prompts: `late` (718, below band 10) would wait for `low`'s turn
+        # no spacing of big lower-band prompts: `low` (700, below band 10) would wait for a spaced turn
         budgets={"prefill_tokens_per_round": 1024, "shield": {"duty": None}},
     )
     s = _sched(pol, clock=clock)
     running = await s.acquire(ticket(prompt=300))
     clock.now = 1000.25
-    low = await spawn(s, ticket(priority=0, tenant="lo", prompt=700))  # load 0.68: held by the window
+    low = await spawn(s, ticket(priority=0, tenant="lo", prompt=700))  # the one slot is taken
     clock.now = 1000.5
     high = await spawn(s, ticket(priority=10, tenant="hi", prompt=50))
-    snap = s.snapshot()  # band 10 alone is light: a round opened at 1000.5; the one slot is taken
+    snap = s.snapshot()  # a round opened at 1000.5 for the arrival; nothing fits a slot
     assert snap["queue_by_priority"] == {"0": 1, "10": 1} and snap["queued_prefill_tokens"] == 750
     assert snap["oldest_wait_by_priority"] == {"0": 0.25, "10": 0.0} and snap["oldest_wait_s"] == 0.25
-    assert snap["prefill_load"] == 750 / 1024  # the pool is above light load: the round is grouped
     assert snap["head"] | {"id": None} == {
         "id": None,
         "tenant": "hi",
@@ -255,28 +169,15 @@ async def test_snapshot_tells_why_the_head_of_the_queue_waits() -> None:
         "prompt_tokens": 50,
         "blocked_by": {"http://b0": "concurrency"},
     }
-    assert snap["round"] == {
-        "open": True,
-        "grouped": True,
-        "age_s": 0.0,
-        "bar_priority": 10,
-        "dispatched_by_priority": {},
-    }
-    clock.now = 1000.75  # round over; band 10 alone is light → a round would open now
+    assert snap["round"] == {"open": True, "age_s": 0.0, "dispatched_by_priority": {}}
+    clock.now = 1000.75  # round over: a round opened now would judge the head the same
     assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "concurrency"}
-    running.release(None, "ok")  # high goes in a round opened now; low waited before it: it may join
+    running.release(None, "ok")  # high goes in a round opened now
     assert (await high).dispatched_at == 1000.75
     assert s.snapshot()["head"]["blocked_by"] == {"http://b0": "concurrency"}
     high.result().release(None, "ok")
     (await low).release(None, "ok")
-    clock.now = 1000.875  # band 5: 718 queued + 50 released at band ≥ 5 by the last round → load 0.75
-    late = await spawn(s, ticket(priority=5, prompt=718))
-    snap = s.snapshot()
-    assert snap["head"]["blocked_by"] == {"*": "window"} and snap["window_s"] == 0.25
-    assert snap["rejections"] == {}
-    clock.now = 1001.125
-    s.pump()
-    (await late).release(None, "ok")
+    assert s.snapshot()["rejections"] == {}
     _assert_idle(s)
     assert s.snapshot()["head"] is None
 
@@ -350,7 +251,7 @@ async def test_overload_answers_shrink_the_limit_and_policy_reload_applies() -> 
 async def test_two_backlogged_tenants_weights_1_to_3_share_tokens_1_to_3() -> None:
     pol = policy(
         controller=FIXED_1,
-        window={"enabled": False},
+        window={"accumulate": {}},
         budgets={"prefill_tokens_per_round": 10**9},
         queue={"classes": {"interactive": {"shed_by_deadline": False}}},
         fairness={"weights": {"light": 1.0, "heavy": 3.0}},
@@ -388,7 +289,7 @@ async def test_text_behind_a_multi_image_waiting_on_its_bucket_cap_is_admitted_a
         controller={"algorithm": "fixed", "initial": 4, "min": 4, "max": 4},
         budgets={"bucket_caps": {"multi_image": 1}, "prefill_rate_fraction": None},
         queue={"initial_prefill_tokens_per_s": 1000.0},
-        window={"enabled": False},
+        window={"accumulate": {}},
     )
     s = _sched(pol)
     running = await s.acquire(ticket(bucket="multi_image", prompt=100, output=10))

@@ -22,7 +22,7 @@ FIXED_8 = {"algorithm": "fixed", "initial": 8, "min": 8, "max": 8}
 def _sched(
     clock: FakeClock, queue: dict[str, object] | None = None, n: int = 1, **budgets: object
 ) -> PoolScheduler:
-    pol: Policy = policy(window={"enabled": False}, controller=FIXED_8, budgets=budgets, queue=queue or {})
+    pol: Policy = policy(window={"accumulate": {}}, controller=FIXED_8, budgets=budgets, queue=queue or {})
     return PoolScheduler("interactive", backends(n), lambda: pol.admission, clock=clock)
 
 
@@ -226,7 +226,7 @@ async def test_a_request_queued_again_is_neither_shed_nor_refused_nor_displaced(
     clock = FakeClock()
     queue = {"classes": {"interactive": {"ttft_p99_s": 0.1, "max_queue_depth": 1, "max_wait_s": 0.5}}}
     pol = policy(
-        window={"enabled": False},
+        window={"accumulate": {}},
         controller={"algorithm": "fixed", "initial": 1, "min": 1, "max": 1},
         budgets={"shield": {"tokens": None}},
         queue=queue,

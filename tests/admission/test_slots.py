@@ -158,7 +158,7 @@ def _ten_slots(reserve_hold_s: float | None, clock: FakeClock) -> PoolScheduler:
     """One backend at a fixed limit of 10, no window, nobody shed by deadline."""
     pol = policy(
         controller={"algorithm": "fixed", "initial": 10, "min": 10, "max": 10},
-        window={"enabled": False},
+        window={"accumulate": {}},
         queue={
             "classes": {"interactive": {"shed_by_deadline": False}},
             "priorities": {"reserve_hold_s": reserve_hold_s},

@@ -85,22 +85,11 @@ def test_under_share_needs_fewer_slots_and_less_recent_service_than_the_share() 
     assert not d.under_share(5, "light", ctx)  # no tenant headroom configured: no standing either
 
 
-def test_a_late_arrival_under_its_share_joins_a_grouped_round_once_over_share_waits() -> None:
-    """A grouped round holds late arrivals of its band for the next round; a tenant under its share
-    ranks above the band (it goes first in the queue too), so its late arrival joins at once — and raises
-    the bar, so a second one waits like anyone."""
+def test_a_tenant_under_its_share_ranks_half_a_band_above_its_band() -> None:
     (d, recent), ctx = _dispatcher(), _ctx()
     recent.charge("heavy", 5000.0, now=0.0, window_s=60.0)
-    d.open_round(10.0, grouped=True, top_band=5)
-    late_heavy, late_light = (entry(ticket(tenant=t, priority=5), now=10.01) for t in ("heavy", "light"))
-    assert d.ask(late_light.ticket, ctx).rank == 5.5 and d.ask(late_heavy.ticket, ctx).rank == 5
-    assert d.joins_round(late_light, ctx) and not d.joins_round(late_heavy, ctx)
-    d.commit(late_light.ticket, backends(1)[0], ctx)
-    assert d.rounds.bar == 5.5
-    assert not d.joins_round(entry(ticket(tenant="light", priority=5), now=10.02), ctx)
-    assert d.joins_round(
-        entry(ticket(tenant="heavy", priority=10), now=10.02), ctx
-    )  # a higher band still does
+    assert d.ask(ticket(tenant="light", priority=5), ctx).rank == 5.5
+    assert d.ask(ticket(tenant="heavy", priority=5), ctx).rank == 5
 
 
 def test_engine_priority_is_twice_the_band_plus_one_under_share_and_zero_when_engines_ignore_it() -> None:
@@ -153,7 +142,7 @@ def test_queue_serves_a_tenant_under_its_share_before_a_lower_counter() -> None:
 async def test_a_light_tenant_overtakes_a_heavy_backlog_and_gets_the_higher_engine_priority() -> None:
     clock = FakeClock()
     pol = policy(
-        window={"enabled": False},
+        window={"accumulate": {}},
         budgets={"prefill_tokens_per_round": 10**6},
         controller={"algorithm": "fixed", "initial": 4, "min": 4, "max": 4},
         queue={"classes": {"interactive": {"shed_by_deadline": False}}},

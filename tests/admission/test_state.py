@@ -14,13 +14,14 @@ from tests.admission.helpers import FakeClock, backends, policy, settle, spawn, 
 
 pytestmark = pytest.mark.unit
 
+ACCUMULATE = {"accumulate": {"interactive": {"tokens": 512, "max_wait_s": 0.015625}}}
 POLICY = policy(
-    window={"max_window_s": 0.0625, "light_load": 0.5, "full_load": 1.0},
+    window=ACCUMULATE,
     budgets={"round_s": 0.125, "prefill_tokens_per_round": 1024},
     controller={"algorithm": "fixed", "initial": 4, "min": 4, "max": 4},
 )
 RELOADED = policy(
-    window={"max_window_s": 0.0625, "light_load": 0.5, "full_load": 1.0},
+    window=ACCUMULATE,
     budgets={"round_s": 0.125, "prefill_tokens_per_round": 1024},
     controller={"algorithm": "fixed", "initial": 2, "min": 2, "max": 2},
 )
@@ -35,16 +36,17 @@ def _state(s: PoolScheduler) -> dict[str, Any]:
         "concurrency_limit": [b.concurrency_limit for b in s.backends],
         "window_s": s.window_s,
         "next_wake": s.next_wake,
-        "round": (d.rounds.started, d.rounds.grouped, d.rounds.bar, d.rounds.prefill, d.rounds.dispatched),
+        "round": (d.rounds.started, d.rounds.prefill, d.rounds.dispatched),
         "shield_held": d.shield.held,
         "queue_clock": (s.queue.now, s.queue.lifo_after_fraction),
     }
 
 
 async def _held_by_the_window(s: PoolScheduler, clock: FakeClock) -> asyncio.Task[Lease]:
-    for _ in range(3):
-        assert (await spawn(s, ticket(prompt=128))).done()
-    clock.now = 1000.125  # the round released 384 tokens, 256 wait: load 0.625 → a window of 0.015625 s
+    first = await spawn(s, ticket(prompt=256))
+    assert not first.done()  # 256 of the 512 tokens the pool accumulates
+    assert (await spawn(s, ticket(prompt=256))).done() and first.done()
+    clock.now = 1000.125  # the next arrival waits for its group, at most 0.015625 s
     held = await spawn(s, ticket(prompt=256))
     assert not held.done()
     return held

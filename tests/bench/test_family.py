@@ -167,20 +167,30 @@ def test_ablations_only_touch_existing_policy_keys() -> None:
         assert policy.model_dump() != base.model_dump() or controller
 
 
-def test_the_ablation_table_measures_from_the_mean_of_two_unchanged_runs() -> None:
+def test_the_ablation_table_measures_from_the_mean_of_the_unchanged_runs() -> None:
     o = Outcome(draw(1), 5.0)
+    again, third = family.AGAIN
     o.runs = {
         "fixed 16": _fig(40, 0.8),
         "adaptive": _fig(40, 0.8),  # 1.0
-        family.AGAIN: _fig(44, 0.8),  # 1.1: mean 1.05, spread 0.1
-        "− window": _fig(32, 0.8),  # 0.8: Δ −0.25, beyond the spread
-        "− spacing": _fig(42, 0.8),  # 1.05: Δ 0
+        again: _fig(44, 0.8),  # 1.1
+        third: _fig(42, 0.8),  # 1.05: mean 1.05, spread (range) 0.1
+        "− band reserve": _fig(32, 0.8),  # 0.8: Δ −0.25, beyond the spread
+        "− spacing": _fig(42, 1.2),  # 1.05: Δ 0, its tail worse
     }
     rows = {line.split(" | ")[0]: line for line in family.ablation([o]) if line.startswith("| ")}
-    assert rows["| window"] == "| window | 0.800 | -0.250 | 0.800 | -0.250 | worse without it |"
-    assert rows["| spacing"] == "| spacing | 1.050 | +0.000 | 1.050 | +0.000 | within the spread |"
+    assert rows["| band reserve"] == (
+        "| band reserve | 0.800 | -0.250 | 0.800 | -0.250 | worse without it | 0.80 / 0.80 | 0.0% |"
+    )
+    assert rows["| spacing"] == (
+        "| spacing | 1.050 | +0.000 | 1.050 | +0.000 | within the spread | 1.20 / 1.20 | 0.0% |"
+    )
+    assert (
+        rows["| (unchanged: adaptive again)"]
+        == "| (unchanged: adaptive again) | 1.100 | | 1.100 | | | 0.80 / 0.80 | 0.0% |"
+    )
     assert "| adaptive LIFO" not in rows  # not run: no row
-    assert rows["| lending"].endswith("not exercised: one pool per workload: nothing to lend |")
+    assert rows["| lending"].endswith("not exercised: one pool per workload: nothing to lend | | |")
 
 
 def test_content_keeps_the_family_tenants_and_priority_shares() -> None:

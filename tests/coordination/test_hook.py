@@ -68,7 +68,7 @@ async def test_the_top_bands_reserve_is_offered_to_the_allocator_while_the_repli
 
 
 SHIELDED = policy(
-    window={"enabled": False}, controller={"algorithm": "fixed", "initial": 8, "min": 1, "max": 8}
+    window={"accumulate": {}}, controller={"algorithm": "fixed", "initial": 8, "min": 1, "max": 8}
 )
 
 

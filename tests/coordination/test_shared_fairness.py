@@ -16,7 +16,7 @@ from tests.admission.helpers import FakeClock, backends, policy, settle, spawn, 
 pytestmark = pytest.mark.e2e
 
 ONE_SLOT = policy(
-    controller={"algorithm": "fixed", "initial": 1, "min": 1, "max": 1}, window={"enabled": False}
+    controller={"algorithm": "fixed", "initial": 1, "min": 1, "max": 1}, window={"accumulate": {}}
 )
 
 

@@ -14,7 +14,7 @@ from tests.admission.helpers import FakeClock, backends, policy, spawn, ticket
 pytestmark = pytest.mark.e2e
 
 POLICY = policy(
-    controller={"algorithm": "fixed", "initial": 8, "min": 1, "max": 8}, window={"enabled": False}
+    controller={"algorithm": "fixed", "initial": 8, "min": 1, "max": 8}, window={"accumulate": {}}
 )
 
 
