@@ -141,7 +141,7 @@ class QueuePolicy(Frozen):
         description="A queued request with a first-token deadline whose slack (deadline − now − its own "
         "prefill at the engine's nominal rate) falls under this share of its deadline budget goes at the "
         "next re-check to a backend with a free slot and room in the round's prefill budget, past the "
-        "window, the round's grouping, the shield and its spacing; and a queued request is shed by deadline "
+        "shield and its spacing; and a queued request is shed by deadline "
         "only when no slot is predicted to free in time for it. Keep it above recheck_interval_s ÷ the "
         "budget. null: off (the queue prediction sheds, the shield holds).",
     )
