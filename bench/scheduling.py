@@ -255,9 +255,10 @@ class House:
         raise RuntimeError("engines still busy after the drain timeout")
 
     async def generated_tokens(self) -> float:
-        """Σ `sglang:generation_tokens_total` over the engines (their own count, cut streams included)."""
+        """Σ `sglang:generation_tokens_total` over the engines (their own count, cut streams included).
+        An engine far past its capacity answers late: it is waited for, not given up on mid-run."""
         total = 0.0
-        async with httpx.AsyncClient(timeout=5, trust_env=False) as client:
+        async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
             for s in self.engines:
                 for line in (await client.get(s + "/metrics")).text.splitlines():
                     if line.startswith("sglang:generation_tokens_total"):
