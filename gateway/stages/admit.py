@@ -36,23 +36,6 @@ QUOTA_WAIT_MAX_S = 60.0  # a tenant that may wait for its quota never waits for 
 MAX_DEADLINE_MS = 7 * 24 * 3600 * 1000
 
 
-ADMIT_HEADERS = {
-    name.encode(): name
-    for name in ("x-omnigate-class", "x-priority", "x-omnigate-job", "x-omnigate-deadline-ms", "x-session-id")
-}
-
-
-def _admit_headers(request: Request) -> dict[str, str]:
-    """The headers this stage reads, the first of each name as `request.headers.get` would give it, in one
-    walk: a `get` of an absent header (the usual case for all of them) raises and catches a KeyError."""
-    found: dict[str, str] = {}
-    for raw, value in request.headers.raw:
-        name = ADMIT_HEADERS.get(raw)
-        if name is not None and name not in found:
-            found[name] = value.decode("latin-1")
-    return found
-
-
 def _priority_header(raw: str | None, levels: Mapping[str, int]) -> int | None:
     """`x-priority`: an integer, or one of the policy's level names (`queue.priorities.levels`)."""
     if raw is None:
@@ -115,7 +98,7 @@ class Admit:
         if served is not None:  # the engines know the served name only
             parsed.body["model"] = parsed.model = ticket.model = served
         self.tenants.check_model(tenant, parsed.model)
-        headers = _admit_headers(request)
+        headers = request.headers  # one dict lookup each (IndexedHeaders, http/asgi.py)
         requested = headers.get("x-omnigate-class")
         traffic_class = self.tenants.traffic_class(tenant, requested)
         if traffic_class not in policy.queue.classes:
