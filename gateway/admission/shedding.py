@@ -288,7 +288,7 @@ class QueueGuard:
 
     def _slot_in_time(self, entry: Entry, now: float, wait: float) -> bool:
         """A slot `wait` seconds from now, then its own prefill at the engine's nominal rate: in time?"""
-        return now + wait + entry.prompt_tokens / self.rate.nominal(now) <= entry.deadline
+        return wait <= self.slack(entry, now)
 
     def _first_token(self, entry: Entry, now: float, p: Prediction, wait: float | None) -> float:
         """The predicted first token: the queue's prediction, or later when a slot frees only `wait`
