@@ -160,7 +160,7 @@ class PoolScheduler:
         decided: list[Decision] = []
         slot_wait = self._arrival_slot_wait(settings, decided)
         victim = self.guard.admit(entry, now, self.capacity(), self._full_buckets(settings), slot_wait)
-        waiter = self._waiters[entry] = Waiter(anyio.Event())
+        waiter = self._waiters[entry] = Waiter()
         if victim is not None:
             self._fail(victim, displaced_error())
         self.pump(decided[0] if decided and victim is None else None)
