@@ -70,7 +70,7 @@ class PoolScheduler:
         self.queue = SLOQueue(self.counters, standing=self._under_share)
         self.rate = PrefillRate(current.queue)
         lost = functools.partial(capacity_lost, pool, backends)
-        self.guard = QueueGuard(self.queue, self.rate, pool, slot_wait=self._slot_wait, capacity_lost=lost)
+        self.guard = QueueGuard(self.queue, self.rate, pool, capacity_lost=lost)
         self.metering = Metering()
         self.limits: dict[str, Limit] = {}
         self.window_s = 0.0  # the window's hold as the last dispatch pass computed it (a gauge)
@@ -157,11 +157,13 @@ class PoolScheduler:
             ticket, slo, deadline, weight, now, charge, exclude=excluded, requeued=requeued, cached=cached
         )
         self.rate.configure(settings.queue)
-        victim = self.guard.admit(entry, now, self.capacity(), self._full_buckets(settings))
-        waiter = self._waiters[entry] = Waiter(anyio.Event())
+        decided: list[Decision] = []
+        slot_wait = self._arrival_slot_wait(settings, decided)
+        victim = self.guard.admit(entry, now, self.capacity(), self._full_buckets(settings), slot_wait)
+        waiter = self._waiters[entry] = Waiter()
         if victim is not None:
             self._fail(victim, displaced_error())
-        self.pump()
+        self.pump(decided[0] if decided and victim is None else None)
         if entry.queued and not requeued and self._over_max_queued(ticket):
             self._abandon(entry, waiter)
             self.guard.rejections[(ErrorCode.QUEUED_EXCEEDED, ticket.traffic_class)] += 1
@@ -250,10 +252,13 @@ class PoolScheduler:
             limit.update(Sample(now, in_flight, ratio, outcome in DROP_OUTCOMES, tpot, share))
             backend.concurrency_limit = limit.limit
 
-    def pump(self) -> None:
-        """Shed what must go, then dispatch everything the window, rounds and budgets allow right now."""
+    def pump(self, decided: Decision | None = None) -> None:
+        """Shed what must go, then dispatch everything the window, rounds and budgets allow right now.
+        `decided`: an arrival's pass (`_arrival_slot_wait`) — the decision its slot wait was judged by, at
+        its `now`, with nothing changed since but its entry queued (which the decision counted present
+        already): this pass runs at that `now` and decides by it, unless a sweep changes the queue first."""
         settings = self.settings()
-        now = self.clock()
+        now = self.clock() if decided is None else decided.now
         self.rate.configure(settings.queue)
         swept_now = len(self.queue) > 0 and now >= self._next_sweep
         if swept_now:
@@ -264,13 +269,14 @@ class PoolScheduler:
                 self._fail(entry, err)
             self._next_sweep = now + settings.queue.recheck_interval_s
             self.recent.forget(now, settings.fairness.share_window_s)
+            decided = None
         dispatcher = self.dispatcher
         dispatcher.begin_pass()
         if not self.queue:  # nothing to place: the limits follow the policy, the rest waits for a pass
             self._sync_limits(settings)  # that has something to decide
             self.window_s = 0.0
             return
-        ctx = self.decision(settings)
+        ctx = self.decision(settings) if decided is None else decided
         budgets = ctx.budgets
         if swept_now:
             self._rush(now, ctx)
@@ -357,13 +363,19 @@ class PoolScheduler:
         assert oldest is not None
         return oldest.enqueued_at
 
-    def decision(self, settings: AdmissionSettings, candidate: tuple[int, str] | None = None) -> Decision:
-        """The context of a decision under `settings` now: current limits and slot rules (headroom for
-        the top band and for tenants under their share; `candidate` (band, tenant) counts as present) and
-        the pool's budgets (the round's prefill budget as metered now). The queue judges standing by it
-        until the next one."""
+    def decision(
+        self,
+        settings: AdmissionSettings,
+        candidate: tuple[int, str] | None = None,
+        now: float | None = None,
+    ) -> Decision:
+        """The context of a decision under `settings` at `now` (None: the clock's): current limits and
+        slot rules (headroom for the top band and for tenants under their share; `candidate` (band,
+        tenant) counts as present) and the pool's budgets (the round's prefill budget as metered now). The
+        queue judges standing by it until the next one."""
         self._sync_limits(settings)
-        ctx = self._ctx = self._decide(settings, self.clock(), candidate, keep=True)
+        at = self.clock() if now is None else now
+        ctx = self._ctx = self._decide(settings, at, candidate, keep=True)
         self.queue.as_of(ctx.now, settings.queue.lifo_after_fraction)
         return ctx
 
@@ -497,16 +509,22 @@ class PoolScheduler:
         shield = self.settings().budgets.for_pool(self.pool).shield
         return self.dispatcher.own_top(shield, self.clock())
 
-    def _slot_wait(self, entry: Entry, now: float, ahead: int = 0) -> float | None:
-        """When could a backend take `entry` (round prefill budget aside)? See QueueGuard."""
-        settings = self.settings()
-        ctx = self.decision(settings, (entry.band, entry.tenant))
+    def _arrival_slot_wait(self, settings: AdmissionSettings, decided: list[Decision]) -> SlotWait:
+        """When could a backend take an arriving entry (round prefill budget aside)? See QueueGuard. The
+        decision it is judged by, made at the arrival's `now` with the entry counted present, is put in
+        `decided`: the arrival's dispatch pass that follows decides by it rather than again (`pump`)."""
         max_age = settings.queue.prefill_rate_max_age_s
-        return self.dispatcher.slot_wait(entry, self.backends, ctx, now, max_age, ahead)
+
+        def slot_wait(entry: Entry, now: float, ahead: int) -> float | None:
+            ctx = self.decision(settings, (entry.band, entry.tenant), now)
+            decided.append(ctx)
+            return self.dispatcher.slot_wait(entry, self.backends, ctx, now, max_age, ahead)
+
+        return slot_wait
 
     def _sweep_slot_wait(self, settings: AdmissionSettings) -> SlotWait:
-        """`_slot_wait` for one sweep: every entry it judges is queued, so its tenant is already present
-        and one decision serves them all — until the sweep sheds one (a tenant may leave with it)."""
+        """`_arrival_slot_wait` for one sweep: every entry it judges is queued, so its tenant is already
+        present and one decision serves them all — until the sweep sheds one (a tenant may leave with it)."""
         decided: dict[int, Decision] = {}
         max_age = settings.queue.prefill_rate_max_age_s
 

@@ -150,16 +150,23 @@ class QueueGuard:
         return Prediction(ahead, start, start + entry.prompt_tokens / per_backend)
 
     def admit(
-        self, entry: Entry, now: float, backends: float, full: frozenset[str] = frozenset()
+        self,
+        entry: Entry,
+        now: float,
+        backends: float,
+        full: frozenset[str] = frozenset(),
+        slot_wait: SlotWait | None = None,
     ) -> Entry | None:
         """Queue `entry` or raise its refusal; returns the entry it displaced (already removed), if any.
-        `full`: the buckets at their cap on every backend (their requests are passed by, queue.Ahead)."""
+        `full`: the buckets at their cap on every backend (their requests are passed by, queue.Ahead);
+        `slot_wait` replaces the guard's own for this entry (the scheduler's keeps the decision it made)."""
         self.queue.stamp(entry)
         if entry.requeued:
             self.queue.push(entry)
             return None
         entries_ahead, ahead = self.queue.ahead_of(entry, full)
-        refusal, first = self._unattainable(entry, now, backends, ahead, entries_ahead, self.slot_wait)
+        slot_wait = slot_wait or self.slot_wait
+        refusal, first = self._unattainable(entry, now, backends, ahead, entries_ahead, slot_wait)
         if refusal is not None:
             raise refusal
         entry.ticket.predicted_first_token = first

@@ -132,21 +132,48 @@ class Ending:
     overloaded: bool = False  # the backend refused it for load inside a started stream (a drop)
 
 
-@dataclass(frozen=True, slots=True)
 class Relayed:
     """One relay's result: how it ended, the usage the engine told (None: it did not), the answer tokens
-    relayed (what an inferred charge counts), and its timings and audio on the gateway's clock."""
+    relayed (what an inferred charge counts), and its timings and audio on the gateway's clock. Read-only
+    by contract; a plain slotted class, one per request, where a frozen dataclass would set each of its
+    ten fields through `object.__setattr__`."""
 
-    ending: Ending = field(default_factory=Ending)
-    usage: Usage | None = None
-    answer_tokens: int = 0
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    first_audio_at: float | None = None
-    audio_seconds: float = 0.0
-    rtf: float | None = None
-    audio_stalls: int = 0
-    finished_at: float | None = None
+    __slots__ = (
+        "answer_tokens",
+        "audio_seconds",
+        "audio_stalls",
+        "ending",
+        "finished_at",
+        "first_audio_at",
+        "first_token_at",
+        "last_token_at",
+        "rtf",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        ending: Ending | None = None,
+        usage: Usage | None = None,
+        answer_tokens: int = 0,
+        first_token_at: float | None = None,
+        last_token_at: float | None = None,
+        first_audio_at: float | None = None,
+        audio_seconds: float = 0.0,
+        rtf: float | None = None,
+        audio_stalls: int = 0,
+        finished_at: float | None = None,
+    ) -> None:
+        self.ending = Ending() if ending is None else ending
+        self.usage = usage
+        self.answer_tokens = answer_tokens
+        self.first_token_at = first_token_at
+        self.last_token_at = last_token_at
+        self.first_audio_at = first_audio_at
+        self.audio_seconds = audio_seconds
+        self.rtf = rtf
+        self.audio_stalls = audio_stalls
+        self.finished_at = finished_at
 
 
 _NOT_RELAYED = Relayed()

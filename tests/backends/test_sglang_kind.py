@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import orjson
 import pytest
 
@@ -122,6 +124,8 @@ def test_each_attempt_gets_a_rid_of_the_gateways_own(endpoint: str, prefix: str)
     body = {"model": "m", "rid": "a-clients-own"}
     first = kind.name_request(body, ticket)
     assert first is not None and first.startswith(prefix) and len(first) == len(prefix) + 32
+    named = uuid.UUID(first.removeprefix(prefix))  # a random UUID's hex, as uuid.uuid4() gives it
+    assert (named.version, named.variant, named.hex) == (4, uuid.RFC_4122, first.removeprefix(prefix))
     assert body["rid"] == first and orjson.loads(kind.payload(body, 0))["rid"] == first
     second = kind.name_request(body, ticket)  # a retry is another request to its engine
     assert second is not None and second != first and body["rid"] == second

@@ -21,7 +21,7 @@ client is charged.
 from __future__ import annotations
 
 import logging
-import uuid
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +60,14 @@ ENGINE = "engine"
 _ENGINE_ONLY = (ENGINE,)
 _RID_PREFIX = {"chat": "chatcmpl-", "completions": "cmpl-"}  # as SGLang names its own responses
 _END_CONNECT_S = 0.5
+# a random UUID's version (4) and variant (RFC 4122) bits, set on 16 random bytes as uuid.uuid4() does
+_UUID4_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
+_UUID4_SET = (0x8000 << 48) | (4 << 76)
+
+
+def _uuid4_hex() -> str:
+    """`uuid.uuid4().hex` without building a `UUID` (its checks were about 5 µs of every request)."""
+    return f"{int.from_bytes(os.urandom(16), 'big') & _UUID4_CLEAR | _UUID4_SET:032x}"
 
 
 class SGLang(BackendKind):
@@ -147,7 +155,7 @@ class SGLang(BackendKind):
         if prefix is None:
             body.pop("rid", None)  # the gateway's to set: a client's own could end another's request
             return None
-        rid = body["rid"] = prefix + uuid.uuid4().hex
+        rid = body["rid"] = prefix + _uuid4_hex()
         return rid
 
     async def end(self, client: Upstream, url: str, rid: str) -> None:
