@@ -23,7 +23,8 @@ against their TTFT) and its counterfactual (refused requests replayed with admis
 
 The counterfactual counts as honest by construction a refusal whose request, sent to the engine at the
 refusal and prefilled at the engine's nominal rate, would still have been late (its `x-omnigate-slack-ms`
-is negative). Of the others it replays the adaptive run with the same seeds, sending up to `--probes`
+is negative); the share of all deadline refusals that would have met their deadline is estimated as the
+others' share times the share of probed ones that met it. Of the others it replays the adaptive run with the same seeds, sending up to `--probes`
 (at least `--probe-spacing` simulated seconds apart, so one forced request hardly loads the next) in a
 policy class `probe` that is the interactive class without deadline shedding; a probe met its deadline
 when it was answered with its first token within the TTFT objective. Timing on a shared box differs
@@ -321,13 +322,15 @@ def calibration(fam: Family) -> list[str]:
     n = len(fam.probed)
     honest = sum(map(honest_by_construction, fam.refused))
     others = len(fam.refused) - honest
-    verdict = "—" if not n else ("PASS" if met < 0.05 * n else "MISS")
+    share = met / n * others / len(fam.refused) if n else None  # the honest by construction met none
+    verdict = "—" if share is None else ("PASS" if share < 0.05 else "MISS")
     out.append(
         f"\nCounterfactual: of {len(fam.refused)} deadline refusals, {honest} were honest by construction "
         f"(late even sent at once at the engine's nominal prefill rate); of the other {others}, {n} were "
-        f"replayed with admission forced and {met} met their deadline ({_f(met / n if n else None, '.0%')}); "
-        f"{verdict} target < 5 %. The replay runs on a real clock: its queue diverges from the run's, so a "
-        "probe judges a similar queue, not the same one."
+        f"replayed with admission forced and {met} met their deadline ({_f(met / n if n else None, '.0%')}). "
+        f"Refusals estimated to have met their deadline: {_f(share, '.1%')} of all "
+        f"({others} ÷ {len(fam.refused)} × {met} ÷ {n}); {verdict} target < 5 %. The replay runs on a real "
+        "clock: its queue diverges from the run's, so a probe judges a similar queue, not the same one."
     )
     for when, at_once in (("at admission", True), ("while waiting", False)):
         these = [r for _, refused, r in fam.probed if (refused_at(refused) <= AT_ONCE_S) == at_once]

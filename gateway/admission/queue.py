@@ -194,11 +194,15 @@ class SLOQueue:
 
     def congested(self, entries: list[Entry]) -> bool:
         """Have these entries (one tenant's at one band, EDF-ordered) had company waiting without a break
-        for longer than the LIFO threshold of the most urgent one's deadline budget?"""
+        for longer than the LIFO threshold of the most urgent deadline budget of a class that sheds by
+        deadline? (A request that is never shed, the most urgent, must not turn its company back to EDF:
+        it goes last among them, as they would have without it.)"""
         fraction = self.lifo_after_fraction
         if fraction is None or len(entries) < 2:
             return False
         first = entries[0]
+        if not first.slo.shed_by_deadline:
+            first = next((e for e in entries if e.slo.shed_by_deadline), first)
         budget = first.slo.deadline_budget_s
         if budget is None or not first.slo.shed_by_deadline:
             return False

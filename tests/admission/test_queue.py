@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gateway.admission.fairness import VirtualTokenCounters, token_charge
 from gateway.admission.queue import SLOQueue
-from tests.admission.helpers import entry, ticket
+from tests.admission.helpers import entry, policy, ticket
 
 
 def _queue() -> SLOQueue:
@@ -172,3 +172,20 @@ def test_adaptive_lifo_leaves_classes_that_do_not_shed_by_deadline_in_edf_order(
         q.push(e)
     q.now = 1000.0 + 3600  # far past a quarter of the completion deadline
     assert [e for e in q.ordered()] == offline
+
+
+def test_a_request_never_shed_does_not_turn_a_congested_tenant_back_to_edf() -> None:
+    """A class that is never shed by deadline (here one with the interactive budget) among a tenant's
+    interactive requests: the most urgent of them, yet the others stay newest first, and it goes last."""
+    interactive = {"ttft_p99_s": 2.0, "pool": "interactive"}
+    pol = policy(
+        queue={"classes": {"interactive": interactive, "kept": {**interactive, "shed_by_deadline": False}}}
+    )
+    q = _queue()
+    q.lifo_after_fraction = 0.25
+    kept = entry(ticket(tenant="a", cls="kept", arrival=1000.0), pol)
+    shed = [entry(ticket(tenant="a", arrival=1000.1 + i / 10), pol) for i in range(2)]
+    for e in (kept, *shed):
+        q.push(e)
+    q.now = 1000.6
+    assert [e for e in q.ordered()] == [shed[1], shed[0], kept]

@@ -153,8 +153,17 @@ def test_refusals_late_even_if_sent_at_once_are_honest_and_only_the_others_are_p
     assert (
         "Counterfactual: of 3 deadline refusals, 1 were honest by construction (late even sent at once at "
         "the engine's nominal prefill rate); of the other 2, 1 were replayed with admission forced and 1 met "
-        "their deadline (100%); MISS target < 5 %."
+        "their deadline (100%). Refusals estimated to have met their deadline: 66.7% of all (2 ÷ 3 × 1 ÷ 1); "
+        "MISS target < 5 %."
     ) in text
+    fam.refused += [refused("-1.0")] * 37  # 40 refusals, 38 honest by construction: 2 ÷ 40 × 1 ÷ 1
+    assert "met their deadline: 5.0% of all (2 ÷ 40 × 1 ÷ 1); MISS target < 5 %." in "\n".join(
+        family.calibration(cast(family.Family, fam))
+    )
+    fam.refused.append(refused("-1.0"))
+    assert "4.9% of all (2 ÷ 41 × 1 ÷ 1); PASS target < 5 %." in "\n".join(
+        family.calibration(cast(family.Family, fam))
+    )
 
 
 def test_ablations_only_touch_existing_policy_keys() -> None:
