@@ -24,9 +24,10 @@ against their TTFT) and its counterfactual (refused requests replayed with admis
 The counterfactual counts as honest by construction a refusal whose request, sent to the engine at the
 refusal and prefilled at the engine's nominal rate, would still have been late (its `x-omnigate-slack-ms`
 is negative); the share of all deadline refusals that would have met their deadline is estimated as the
-others' share times the share of probed ones that met it. Of the others it replays the adaptive run with the same seeds, sending up to `--probes`
-(at least `--probe-spacing` simulated seconds apart, so one forced request hardly loads the next) in a
-policy class `probe` that is the interactive class without deadline shedding; a probe met its deadline
+others' share times the share of probed ones that met it. Of the others it replays the adaptive run with
+the same seeds, sending up to `--probes` (at least `--probe-spacing` simulated seconds apart, so one forced
+request hardly loads the next) in a policy class `probe` that is the interactive class without deadline
+shedding (adaptive LIFO orders it where the refused request would have gone); a probe met its deadline
 when it was answered with its first token within the TTFT objective. Timing on a shared box differs
 between the run and its replay, so the rest of the replay is not the same run to the request: a probe
 judges a similar queue, not the same one.
