@@ -262,9 +262,7 @@ class PoolScheduler:
         self.rate.configure(settings.queue)
         swept_now = len(self.queue) > 0 and now >= self._next_sweep
         if swept_now:
-            swept = self.guard.sweep(
-                now, self.capacity(), self._sweep_slot_wait(settings), self._full_buckets(settings)
-            )
+            swept = self.guard.sweep(now, self.capacity())
             for entry, err in swept:
                 self._fail(entry, err)
             self._next_sweep = now + settings.queue.recheck_interval_s
@@ -519,21 +517,6 @@ class PoolScheduler:
             ctx = self.decision(settings, (entry.band, entry.tenant), now)
             decided.append(ctx)
             return self.dispatcher.slot_wait(entry, self.backends, ctx, now, max_age, ahead)
-
-        return slot_wait
-
-    def _sweep_slot_wait(self, settings: AdmissionSettings) -> SlotWait:
-        """`_arrival_slot_wait` for one sweep: every entry it judges is queued, so its tenant is already
-        present and one decision serves them all — until the sweep sheds one (a tenant may leave with it)."""
-        decided: dict[int, Decision] = {}
-        max_age = settings.queue.prefill_rate_max_age_s
-
-        def slot_wait(entry: Entry, now: float, ahead: int) -> float | None:
-            depth = len(self.queue)
-            if depth not in decided:
-                decided.clear()
-                decided[depth] = self.decision(settings)
-            return self.dispatcher.slot_wait(entry, self.backends, decided[depth], now, max_age, ahead)
 
         return slot_wait
 

@@ -141,17 +141,17 @@ class QueuePolicy(Frozen):
         description="A queued request with a first-token deadline whose slack (deadline − now − its own "
         "prefill at the engine's nominal rate) falls under this share of its deadline budget goes at the "
         "next re-check to a backend with a free slot and room in the round's prefill budget, past the "
-        "shield and its spacing; and a queued request is shed by deadline "
-        "only when no slot is predicted to free in time for it. Keep it above recheck_interval_s ÷ the "
-        "budget. null: off (the queue prediction sheds, the shield holds).",
+        "shield and its spacing. Keep it above recheck_interval_s ÷ the budget. null: off (the shield "
+        "holds).",
     )
     lifo_after_fraction: float | None = Field(
-        default=1.0,
+        default=0.05,
         gt=0,
         description="Adaptive LIFO: while a tenant has had requests (of a class that sheds by deadline) "
         "waiting at a band without a break for longer than this share of the most urgent one's deadline "
         "budget, it is served newest first there — under overload they still have slack, the oldest would "
-        "start at the edge of their deadline and are shed instead. null: always earliest deadline first.",
+        "start at the edge of their deadline and are shed once late even if sent at once. null: always "
+        "earliest deadline first (a backlog then serves every request at the edge of its deadline).",
     )
 
 

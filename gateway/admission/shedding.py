@@ -4,17 +4,17 @@ Predicted start = now + (prefill tokens the queue dispatches first, queue.Ahead:
 its cap everywhere holds up only requests of its bucket) / (per-backend prefill rate × available backends —
 this replica's part of them when replicas share the engines, one backend's worth when none is available);
 predicted first token = start + own prefill tokens / per-backend rate. A request of a class that sheds by
-deadline is refused as soon as its predicted first token falls after its deadline — 429 `slo_unattainable`
-while the pool has its whole capacity, 503 `capacity_unavailable` once it has lost a backend
-(turnover.capacity_lost: the server's loss, not the client's excess) — at enqueue, and again on every sweep
-while it waits — unless nothing is queued ahead of it (the head) and either a backend has room, when it
-starts now whatever the prediction, or it waits only for a slot that the backends' turnover frees in time for
-its own prefill at the engine's nominal rate. Past the head the slots are predicted too: the requests ahead
-take the free slots first, and the ones lacking free at the pool's turnover — when decodes hold every slot
-(or a tenant is held to its share), that, not prefill, is the wait. With `rush_slack_fraction` set, a sweep
-keeps any queued request, like the head, while a slot frees in time for its own nominal prefill: the
-scheduler rushes it past the shield and the spacing (`rushed`); held with a slot free by the
-round's prefill budget alone, it is shed only once late even if sent at once (its slack below 0).
+deadline is refused at enqueue when its predicted first token falls after its deadline — 429
+`slo_unattainable` while the pool has its whole capacity, 503 `capacity_unavailable` once it has lost a
+backend (turnover.capacity_lost: the server's loss, not the client's excess) — unless nothing is queued
+ahead of it (the head) and either a backend has room, when it starts now whatever the prediction, or it
+waits only for a slot that the backends' turnover frees in time for its own prefill at the engine's nominal
+rate. Past the head the slots are predicted too: the requests ahead take the free slots first, and the
+ones lacking free at the pool's turnover — when decodes hold every slot (or a tenant is held to its share),
+that, not prefill, is the wait. Once queued, a request is shed by deadline (the same refusal, from a sweep)
+only when it is late even if sent at once (its slack below 0): a prediction decides who enters, never who
+is turned out after waiting. Under a backlog adaptive LIFO (queue.py) serves the newest first, so the
+requests that run out of slack are the oldest, not a random share of all.
 Depth is capped per class; when full, a more urgent arrival displaces the newest request of the lowest
 band below it (503 `displaced`), else it is refused (503 `queue_full`). Every class is bounded by its
 max wait (503 `queue_timeout`). A request queued again after its dispatch (`Entry.requeued`: a loan
@@ -32,7 +32,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.admission.queue import Ahead, Entry, SLOQueue
+from gateway.admission.queue import Entry, SLOQueue
 from gateway.admission.settings import QueuePolicy
 from gateway.request.errors import ApiError, ErrorCode
 
@@ -208,18 +208,12 @@ class QueueGuard:
     def queue_policy(self) -> QueuePolicy:
         return self.rate.policy
 
-    def sweep(
-        self,
-        now: float,
-        backends: float,
-        slot_wait: SlotWait | None = None,
-        full: frozenset[str] = frozenset(),
-    ) -> list[tuple[Entry, ApiError]]:
-        """Remove every waiting entry past its max wait or that can no longer meet its deadline (the head
-        judged by its slot wait, see the class; with rushing on, every entry: see `_unattainable`).
-        `slot_wait` replaces the guard's own for this sweep (the scheduler's reuses one decision for every
-        queued entry); `full` as for `admit`."""
-        slot_wait = slot_wait or self.slot_wait
+    def sweep(self, now: float, backends: float) -> list[tuple[Entry, ApiError]]:
+        """Remove every waiting entry past its max wait, and every one that became late even if sent at
+        once (`_became_late`): a queued request is shed by deadline only once it certainly cannot meet it,
+        so no prediction error turns away one that would have. Which queued requests make it is the
+        queue's order to settle (adaptive LIFO serves a backlogged tenant newest first; the oldest run out
+        of slack and go)."""
         out: list[tuple[Entry, ApiError]] = []
         for entry in self.queue.entries():
             if now - entry.enqueued_at >= entry.slo.max_wait_s and (not entry.requeued or not backends):
@@ -231,18 +225,17 @@ class QueueGuard:
                     retry_after=1.0,
                 )
                 out.append((entry, self._refuse(ErrorCode.QUEUE_TIMEOUT, entry.ticket.traffic_class, err)))
-        kept = Ahead(full)  # only what stays goes before the entries after it
-        for entry in list(self.queue.projected()):
-            entries_ahead, ahead = kept.of(entry)
-            refusal, _ = self._unattainable(
-                entry, now, backends, ahead, entries_ahead, slot_wait, queued=True
-            )
-            if refusal is None:
-                kept.add(entry)
-            else:
+            elif entry.slo.shed_by_deadline and not entry.requeued and self._became_late(entry, now):
                 self.queue.remove(entry)
-                out.append((entry, refusal))
+                at_once = now + entry.prompt_tokens / self.rate.nominal(now)
+                p = Prediction(0, now, at_once)
+                out.append((entry, self._deadline_refusal(entry, now, p, None, "late even if sent now")))
         return out
+
+    def _became_late(self, entry: Entry, now: float) -> bool:
+        """Is `entry` late even if sent at once, and was not when it was queued? (One late already then was
+        let in as the head with a backend's room: it starts at once whatever the rate says.)"""
+        return self.slack(entry, now) < 0 <= self.slack(entry, entry.enqueued_at)
 
     def _unattainable(
         self,
@@ -252,15 +245,10 @@ class QueueGuard:
         ahead: int,
         entries_ahead: int,
         slot_wait: SlotWait | None,
-        *,
-        queued: bool = False,
     ) -> tuple[ApiError | None, float | None]:
         """The refusal of an entry predicted to miss its deadline (None when it may wait), and the first
         token predicted for one that may (None for a class that does not shed by deadline). `ahead`:
-        prefill tokens, `entries_ahead`: requests, dispatched before it (0: the head). `queued`: a sweep
-        judges an admitted request — with rushing on, the gateway's own pacing will yield to its deadline
-        (the scheduler's rush), so, like the head, it is kept while a slot is predicted to free in time for
-        its own prefill at the engine's nominal rate, whatever the queue's prediction."""
+        prefill tokens, `entries_ahead`: requests, dispatched before it (0: the head)."""
         if not entry.slo.shed_by_deadline or entry.requeued:
             return None, None
 
@@ -279,10 +267,7 @@ class QueueGuard:
             if self._in_time(entry, now, entries_ahead, wait):
                 return None, self._first_token(entry, now, p, wait)
         elif not head:
-            wait = ask()  # for the refusal's words, and for a queued request the rush's slot
-            rush = queued and self.queue_policy.rush_slack_fraction is not None
-            if rush and wait is not None and self._slot_in_time(entry, now, wait):
-                return None, self._first_token(entry, now, p, wait)
+            wait = ask()  # for the refusal's words
         return self._deadline_refusal(entry, now, p, wait), None
 
     def _in_time(self, entry: Entry, now: float, entries_ahead: int, wait: float | None) -> bool:
@@ -304,7 +289,9 @@ class QueueGuard:
             return p.first_token
         return max(p.first_token, now + wait + entry.prompt_tokens / self.rate.nominal(now))
 
-    def _deadline_refusal(self, entry: Entry, now: float, p: Prediction, wait: float | None) -> ApiError:
+    def _deadline_refusal(
+        self, entry: Entry, now: float, p: Prediction, wait: float | None, slot: str | None = None
+    ) -> ApiError:
         """429 `slo_unattainable` while the pool has its whole capacity (the client asks more than it
         can serve in time); 503 `capacity_unavailable` once it has lost backends (the server's loss: a
         client that backs off as from a 429 would wait for nothing it caused). Either names the predicted
@@ -312,7 +299,8 @@ class QueueGuard:
         `x-omnigate-slack-ms` the request's slack (`slack`; negative: late even if sent at once)."""
         cls = entry.ticket.traffic_class
         first = self._first_token(entry, now, p, wait)
-        slot = "no slot turnover measured" if wait is None else f"a slot free in {wait:.3f}s"
+        if slot is None:
+            slot = "no slot turnover measured" if wait is None else f"a slot free in {wait:.3f}s"
         budget = entry.slo.deadline_budget_s
         said = (
             f"{slot}, first token predicted in {first - now:.3f}s; the deadline is in "

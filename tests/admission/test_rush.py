@@ -3,8 +3,8 @@
 The family benchmark found requests at light load held by the shield and its spacing, with slots free,
 until a sweep refused them as unattainable (decision 0112). On a fake clock: a request with a slot free is
 sent past the shield once its slack falls under `rush_slack_fraction` of its budget; the slots and the
-round's prefill budget still hold it; a queued request is shed only when no slot is predicted to free in
-time for it.
+round's prefill budget still hold it; whether it rushes or not, a queued request is shed only once it is
+late even if sent at once.
 """
 
 from __future__ import annotations
@@ -75,12 +75,14 @@ async def test_a_request_held_by_the_shield_with_a_slot_free_goes_once_its_slack
         done.release(None, "ok")
 
 
-async def test_without_the_rush_the_shield_holds_it_past_its_deadline() -> None:
+async def test_without_the_rush_the_shield_holds_it_until_it_is_late_and_shed() -> None:
     clock, s, high, low, held = await _held_by_the_shield(_policy(rush_slack_fraction=None))
-    await _pump_at(clock, s, 1001.0)  # the first low prompt has not started: the shield still holds
+    await _pump_at(clock, s, 1000.375)  # slack 1001 - 1000.375 - 0.6 = 0.025: the shield still holds
     assert not held.done()
-    held.cancel()
-    await settle()
+    await _pump_at(clock, s, 1000.5)  # slack -0.1: late even if sent now
+    with pytest.raises(ApiError) as shed:
+        held.result()
+    assert shed.value.code == "slo_unattainable"
     for done in (high, low):
         done.release(None, "ok")
 
@@ -152,22 +154,15 @@ def _behind_a_head(g: QueueGuard) -> tuple[Any, Any]:
     return head, behind
 
 
-def test_a_queued_request_is_kept_while_a_slot_frees_in_time_for_its_own_prefill() -> None:
-    g, room = _guard()
+@pytest.mark.parametrize("rush", [0.25, None])
+def test_a_queued_request_is_kept_until_late_even_if_sent_now_whatever_its_slot(rush: float | None) -> None:
+    g, room = _guard(rush)
     head, behind = _behind_a_head(g)
-    assert g.sweep(now=1000.0, backends=1) == []  # a slot now, 0.25 s of prefill: the rush meets it
-    room["wait"] = 0.125
-    assert g.sweep(now=1000.0, backends=1) == []  # 1000.125 + 0.25 = 1000.375: still in time
-    room["wait"] = 0.125 + 2**-10
-    assert [e for e, _ in g.sweep(now=1000.0, backends=1)] == [behind]  # no slot in time: shed
-    assert head.queued and g.rejections == {("slo_unattainable", "interactive"): 1}
-
-
-def test_without_the_rush_the_queue_prediction_sheds_it_though_a_slot_is_free() -> None:
-    g, _ = _guard(None)
-    head, behind = _behind_a_head(g)
-    assert [e for e, _ in g.sweep(now=1000.0, backends=1)] == [behind]
-    assert head.queued
+    room["wait"] = None  # no slot predictable
+    assert g.sweep(now=1000.0, backends=1) == []  # the queue predicts 1000.5 > 1000.375: kept
+    assert g.sweep(now=1000.125, backends=1) == []  # sent now: 1000.375, in time
+    assert [e for e, _ in g.sweep(now=1000.125 + 2**-10, backends=1)] == [head, behind]
+    assert g.rejections == {("slo_unattainable", "interactive"): 2}
 
 
 def test_admission_is_still_judged_by_the_queue_prediction() -> None:
@@ -182,7 +177,7 @@ def test_admission_is_still_judged_by_the_queue_prediction() -> None:
 def test_a_queued_request_late_even_if_sent_now_is_shed_with_a_negative_slack() -> None:
     g, _ = _guard()
     head, behind = _behind_a_head(g)
-    ((shed, err),) = g.sweep(now=1000.25, backends=1)  # 1000.25 + 0.25 > 1000.375, a slot free or not
-    assert shed is behind and head.queued  # the head with room is never refused
+    (_, _), (shed, err) = g.sweep(now=1000.25, backends=1)  # 1000.25 + 0.25 > 1000.375, a slot free or not
+    assert shed is behind and not head.queued  # the head too: in the queue, room does not outweigh a deadline
     assert err.headers == {SLACK_HEADER: "-125.0"}
-    assert "first token predicted in 0.500s; the deadline is in 0.125s" in err.message
+    assert "late even if sent now, first token predicted in 0.250s; the deadline is in 0.125s" in err.message

@@ -105,7 +105,9 @@ async def test_small_requests_at_a_high_rate_to_a_backend_with_room_are_never_he
 async def test_a_burst_of_big_prefills_goes_one_round_budget_per_round() -> None:
     clock = FakeClock()
     pol = policy(
-        controller={"algorithm": "fixed", "initial": 64, "min": 64, "max": 64}, budgets={"round_s": 0.125}
+        controller={"algorithm": "fixed", "initial": 64, "min": 64, "max": 64},
+        budgets={"round_s": 0.125},
+        queue={"lifo_after_fraction": None},  # earliest deadline first: the burst before the late one
     )
     s = _sched(pol, backends(1), clock)  # default budget: 8192 prefill tokens per round
     burst = [await spawn(s, ticket(prompt=3000)) for _ in range(8)]

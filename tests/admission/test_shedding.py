@@ -60,14 +60,14 @@ def test_request_that_just_fits_its_deadline_is_admitted() -> None:
         g.admit(entry(ticket(priority=5, prompt=251), TIGHT), now=1000.0, backends=1)
 
 
-def test_waiting_request_is_shed_when_higher_band_work_arrives_or_time_passes() -> None:
+def test_a_waiting_request_is_shed_only_once_late_even_if_sent_at_once() -> None:
     g = _guard()
     waiting = entry(ticket(priority=5, prompt=250), TIGHT)  # alone: first token at 1000.25
     g.admit(waiting, now=1000.0, backends=1)
-    assert g.sweep(now=1000.0, backends=1) == []
     g.admit(entry(ticket(priority=10, prompt=125, arrival=1000.0), NO_SHED), now=1000.0, backends=1)
-    assert g.sweep(now=1000.125, backends=1) == []  # 1000.125 + 0.125 + 0.25 = 1000.5 ≤ deadline
-    shed = g.sweep(now=1000.25, backends=1)  # 1000.625 > 1000.5
+    assert g.sweep(now=1000.125, backends=1) == []  # predicted 1000.5 behind the higher band: kept
+    assert g.sweep(now=1000.25, backends=1) == []  # predicted 1000.625, but sent now 1000.5: in time
+    shed = g.sweep(now=1000.25 + 2**-10, backends=1)  # late even if sent now
     assert [(e, err.code) for e, err in shed] == [(waiting, "slo_unattainable")]
     assert not waiting.queued
 
@@ -166,14 +166,16 @@ def test_samples_expire_so_the_rate_recovers() -> None:
     assert rate.at(134.0) == 4096.0  # 2048 joins 4096 ×3: rank ceil(0.9 · 4) = 4
 
 
-def test_sweep_uses_one_projection_and_discounts_what_it_shed() -> None:
+def test_a_request_late_already_when_queued_is_left_to_start_not_shed() -> None:
+    """Only the head with a backend's room enters late (it starts at once whatever the rate says): a
+    sweep sheds what the wait made late, not what the admission let in to try."""
     g = _guard()
     doomed = entry(ticket(priority=10, prompt=750, deadline=1000.5), TIGHT)  # 0.75 s of prefill alone
     g.queue.push(doomed)
-    after = entry(ticket(priority=5, prompt=250), TIGHT)  # behind doomed: 1 s; without it 0.25 s
+    after = entry(ticket(priority=5, prompt=250), TIGHT)  # 0.25 s of its own: in time until 1000.25
     g.queue.push(after)
-    shed = g.sweep(now=1000.0, backends=1)
-    assert [e for e, _ in shed] == [doomed] and after.queued
+    assert g.sweep(now=1000.0, backends=1) == []
+    assert [e for e, _ in g.sweep(now=1000.3, backends=1)] == [after] and doomed.queued
 
 
 def test_prefill_waiting_on_its_full_bucket_delays_only_that_bucket() -> None:
@@ -185,15 +187,13 @@ def test_prefill_waiting_on_its_full_bucket_delays_only_that_bucket() -> None:
         g.admit(entry(ticket(prompt=250), TIGHT), now=1000.0, backends=1)
     text = entry(ticket(prompt=250), TIGHT)
     g.admit(text, now=1000.0, backends=1, full=full)  # passed by: first token 1000.25
-    assert text.queued and g.sweep(now=1000.0, backends=1, full=full) == []
+    assert text.queued
     with pytest.raises(ApiError):  # its own bucket: behind the 6 s
         g.admit(entry(ticket(bucket="multi_image", prompt=250), TIGHT), now=1000.0, backends=1, full=full)
-    assert [e for e, _ in g.sweep(now=1000.0, backends=1)] == [text]  # the bucket freed: 6 s ahead again
 
 
 def test_the_head_is_never_refused_by_prediction_while_a_backend_has_room() -> None:
-    """Without the rush (test_rush.py: a queued request past the head is then kept while a slot frees in
-    time for its own prefill), only the head is judged by its slot."""
+    """At admission only the head is judged by its slot; once queued, no prediction sheds a request."""
     room: dict[str, float | None] = {"wait": 0.0}
     rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=1000.0, rush_slack_fraction=None))
     g = QueueGuard(
@@ -204,15 +204,15 @@ def test_the_head_is_never_refused_by_prediction_while_a_backend_has_room() -> N
     behind = entry(ticket(priority=5, prompt=250), TIGHT)  # behind head: 1 s > 0.5 s
     with pytest.raises(ApiError):
         g.admit(behind, now=1000.0, backends=1)
-    g.queue.push(behind)
-    shed = g.sweep(now=1000.0, backends=1)
-    assert [e for e, _ in shed] == [behind] and head.queued  # only the head is exempt
     room["wait"] = None  # no backend can take it now, none predictable: the prediction applies again
-    assert [e for e, _ in g.sweep(now=1000.0, backends=1)] == [head]
-    assert g.rejections == {("slo_unattainable", "interactive"): 3}
+    with pytest.raises(ApiError):
+        g.admit(entry(ticket(priority=10, prompt=750, deadline=1000.5), TIGHT), now=1000.0, backends=1)
+    g.queue.push(behind)
+    assert g.sweep(now=1000.0, backends=1) == [] and head.queued and behind.queued
+    assert g.rejections == {("slo_unattainable", "interactive"): 2}
 
 
-def test_a_head_waiting_for_a_slot_is_kept_while_the_slot_and_its_nominal_prefill_meet_the_deadline() -> None:
+def test_a_head_waiting_for_a_slot_enters_while_the_slot_and_its_nominal_prefill_meet_the_deadline() -> None:
     room: dict[str, float | None] = {"wait": 0.25}
     rate = PrefillRate(QueuePolicy(initial_prefill_tokens_per_s=1000.0, prefill_rate_min_samples=1))
     rate.observe(1000, 4.0, now=1000.0)  # measured 250 tokens/s (queueing): the nominal 1000 is used
@@ -220,15 +220,14 @@ def test_a_head_waiting_for_a_slot_is_kept_while_the_slot_and_its_nominal_prefil
         SLOQueue(VirtualTokenCounters()), rate, "interactive", slot_wait=lambda e, now, ahead: room["wait"]
     )
     head = entry(ticket(priority=10, prompt=500, deadline=1000.75))  # a client deadline tighter than 2 s
-    g.queue.push(head)
-    assert g.sweep(now=1000.0, backends=1) == []  # 1000 + 0.25 slot + 0.5 prefill = 1000.75: in time
-    assert [e for e, _ in g.sweep(now=1000.001, backends=1)] == [head]  # 1 ms later: late
+    g.admit(head, now=1000.0, backends=1)  # 1000 + 0.25 slot + 0.5 prefill = 1000.75: in time
+    assert head.queued
     late = entry(ticket(priority=10, prompt=500, deadline=1000.75))
     with pytest.raises(ApiError) as refused:  # a wait of 0.3 s is late already at enqueue
         room["wait"] = 0.3
         g.admit(late, now=1000.0, backends=1)
     assert refused.value.code == "slo_unattainable"
-    assert g.rejections == {("slo_unattainable", "interactive"): 2}
+    assert g.rejections == {("slo_unattainable", "interactive"): 1}
 
 
 def test_past_the_head_the_slots_the_requests_ahead_take_are_predicted_too() -> None:
