@@ -190,10 +190,14 @@ class QueueGuard:
         self.queue.push(entry)
         return victim
 
+    def sent_now(self, entry: Entry, now: float) -> float:
+        """`entry`'s first token if it were dispatched at `now` and prefilled at the engine's nominal rate."""
+        return now + entry.prompt_tokens / self.rate.nominal(now)
+
     def slack(self, entry: Entry, now: float) -> float:
         """Seconds `entry` could still wait and meet its deadline if it then prefilled at once at the
         engine's nominal rate (negative: late even if dispatched now)."""
-        return entry.deadline - now - entry.prompt_tokens / self.rate.nominal(now)
+        return entry.deadline - self.sent_now(entry, now)
 
     def rushed(self, entry: Entry, now: float) -> bool:
         """Has `entry`'s slack fallen under `rush_slack_fraction` of its deadline budget, and not below 0?
@@ -227,8 +231,7 @@ class QueueGuard:
                 out.append((entry, self._refuse(ErrorCode.QUEUE_TIMEOUT, entry.ticket.traffic_class, err)))
             elif entry.slo.shed_by_deadline and not entry.requeued and self._became_late(entry, now):
                 self.queue.remove(entry)
-                at_once = now + entry.prompt_tokens / self.rate.nominal(now)
-                p = Prediction(0, now, at_once)
+                p = Prediction(0, now, self.sent_now(entry, now))
                 out.append((entry, self._deadline_refusal(entry, now, p, None, "late even if sent now")))
         return out
 
@@ -287,7 +290,7 @@ class QueueGuard:
         seconds from now and the prompt then prefills at the engine's nominal rate."""
         if wait is None:
             return p.first_token
-        return max(p.first_token, now + wait + entry.prompt_tokens / self.rate.nominal(now))
+        return max(p.first_token, wait + self.sent_now(entry, now))
 
     def _deadline_refusal(
         self, entry: Entry, now: float, p: Prediction, wait: float | None, slot: str | None = None
