@@ -48,6 +48,7 @@ class Entry:
     exclude: frozenset[str] = frozenset()
     requeued: bool = False  # dispatched, then taken back or failed before its first byte: admitted already
     cached: int = 0  # its prompt's prefix expected cached on the pool's best backend when it came
+    judged_by_wait: bool = False  # admitted on a predicted wait, not at once: its first byte calibrates
     queued: bool = field(default=False, repr=False)
 
     @property

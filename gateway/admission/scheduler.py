@@ -222,7 +222,10 @@ class PoolScheduler:
     def prefill_started(self, lease: Lease) -> None:
         """A lease on our backends (ours or a loan) saw its first byte: its prefill no longer waits in
         the engine, and a placement the shield held may go now."""
-        self.dispatcher.started(lease.ticket, lease.backend.url, self.clock())
+        now = self.clock()
+        self.dispatcher.started(lease.ticket, lease.backend.url, now)
+        if not lease.loan:  # a borrower's request was judged by its own pool's guard
+            self.guard.calibrate(lease.entry, now)
         if self.dispatcher.held and self.queue:
             self.pump()  # only then: a pump on every first byte would move rounds and windows
 
@@ -347,6 +350,7 @@ class PoolScheduler:
             rejections=dict(self.rejections),
             limit_values={url: lim.value for url, lim in self.limits.items()},
             prefill_duties={url: lim.prefill_duty for url, lim in self.limits.items()},
+            refusal_factor=self.guard.refusal_factor(now),
             shared=None
             if self.shares is None
             else {b.url: self.shares.describe(b.url, self.limits[b.url].limit) for b in self.backends},

@@ -131,6 +131,23 @@ class QueuePolicy(Frozen):
         le=1,
         description="The rate never falls below this share of initial_prefill_tokens_per_s.",
     )
+    refusal_confidence: float | None = Field(
+        default=0.9,
+        gt=0,
+        lt=1,
+        description="Admission refuses a request predicted to miss its deadline only if it would miss it "
+        "even had it waited as little, against its prediction, as the quickest (1 − this) share of recent "
+        "admitted requests that waited did (their actual ÷ predicted time to the first token). null: the "
+        "prediction as it is.",
+    )
+    calibration_window: int = Field(
+        default=128, ge=1, description="Recent actual ÷ predicted waits kept per pool for refusal_confidence."
+    )
+    calibration_min_samples: int = Field(
+        default=16,
+        ge=1,
+        description="Waits measured before refusal_confidence relaxes the prediction (until then: as is).",
+    )
     recheck_interval_s: float = Field(
         default=0.1, gt=0, description="How often waiting requests are re-checked."
     )

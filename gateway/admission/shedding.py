@@ -4,7 +4,9 @@ Predicted start = now + (prefill tokens the queue dispatches first, queue.Ahead:
 its cap everywhere holds up only requests of its bucket) / (per-backend prefill rate × available backends —
 this replica's part of them when replicas share the engines, one backend's worth when none is available);
 predicted first token = start + own prefill tokens / per-backend rate. A request of a class that sheds by
-deadline is refused at enqueue when its predicted first token falls after its deadline — 429
+deadline is refused at enqueue when its predicted first token falls after its deadline even with its
+predicted wait cut by the predictor's recent error (`WaitCalibration`: a point prediction of a queue that
+changes behind it is often too slow, and a refusal must be one that would have missed) — 429
 `slo_unattainable` while the pool has its whole capacity, 503 `capacity_unavailable` once it has lost a
 backend (turnover.capacity_lost: the server's loss, not the client's excess) — unless nothing is queued
 ahead of it (the head) and either a backend has room, when it starts now whatever the prediction, or it
@@ -27,12 +29,12 @@ so the predictor's calibration is measurable from outside (bench/family.py).
 
 from __future__ import annotations
 
-import math
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.admission.queue import Entry, SLOQueue
+from gateway.admission.samples import RecentSamples
 from gateway.admission.settings import QueuePolicy
 from gateway.request.errors import ApiError, ErrorCode
 
@@ -61,27 +63,26 @@ class PrefillRate:
 
     def __init__(self, policy: QueuePolicy) -> None:
         self.policy = policy
-        self._samples: deque[tuple[float, float]] = deque(maxlen=policy.prefill_rate_window)  # (at, rate)
+        self._samples = RecentSamples(policy.prefill_rate_window, policy.prefill_rate_max_age_s)
         self.tokens_per_s = policy.initial_prefill_tokens_per_s
 
     def configure(self, policy: QueuePolicy) -> None:
         """Apply a reloaded queue policy, keeping the most recent samples that still fit the window."""
         if policy is not self.policy:
             self.policy = policy
-            self._samples = deque(self._samples, maxlen=policy.prefill_rate_window)
+            self._samples.resize(policy.prefill_rate_window, policy.prefill_rate_max_age_s)
             self._estimate()
 
     def observe(self, tokens: int, seconds: float, now: float) -> None:
         """One request's prompt tokens and seconds from dispatch to its first token, seen at `now`."""
         if tokens >= self.policy.prefill_rate_min_prompt_tokens and seconds > 0:
-            self._samples.append((now, tokens / seconds))
-            self._expire(now)
+            self._samples.add(tokens / seconds, now)
             self._estimate()
 
     def at(self, now: float) -> float:
         """The rate as of `now`, once the samples that aged out are forgotten (a cache refresh, not a
         change: the rate is a function of the samples seen and `now`, whoever asks first)."""
-        if self._expire(now):
+        if self._samples.expire(now):
             self._estimate()
         return self.tokens_per_s
 
@@ -90,22 +91,50 @@ class PrefillRate:
         policy prior (a request that goes next; the fastest plausible prefill)."""
         return max(self.at(now), self.policy.initial_prefill_tokens_per_s)
 
-    def _expire(self, now: float) -> bool:
-        cutoff = now - self.policy.prefill_rate_max_age_s
-        expired = False
-        while self._samples and self._samples[0][0] <= cutoff:
-            self._samples.popleft()
-            expired = True
-        return expired
-
     def _estimate(self) -> None:
         p = self.policy
         if len(self._samples) < p.prefill_rate_min_samples:
             self.tokens_per_s = p.initial_prefill_tokens_per_s
             return
-        ranked = sorted(rate for _, rate in self._samples)
-        measured = ranked[max(0, math.ceil(p.prefill_rate_quantile * len(ranked)) - 1)]
+        measured = self._samples.quantile(p.prefill_rate_quantile)
         self.tokens_per_s = max(measured, p.prefill_rate_floor_fraction * p.initial_prefill_tokens_per_s)
+
+
+class WaitCalibration:
+    """How admission's predictions turned out: for admitted streams that were judged by a wait (not
+    started at once), their time from queueing to the first byte, actual ÷ predicted (a whole answer shows
+    no first byte, so only streams measure).
+
+    A prediction is a point estimate of a queue that changes behind it (requests ahead are shed, cancelled
+    or finish early; arrivals pass it), so refusing every request whose point estimate misses its deadline
+    turns away many that would have met it. Admission refuses only when the request would miss its
+    deadline even had it waited as little, against its prediction, as the quickest `1 − refusal_confidence`
+    share of recent admitted requests did: the factor is that quantile of the ratios, at most 1 (a
+    pessimistic record never makes admission stricter than the prediction). Until
+    `calibration_min_samples` recent samples exist, the factor is 1.
+    """
+
+    def __init__(self, policy: QueuePolicy) -> None:
+        self.policy = policy
+        self._samples = RecentSamples(policy.calibration_window, policy.prefill_rate_max_age_s)
+
+    def configure(self, policy: QueuePolicy) -> None:
+        if policy is not self.policy:
+            self.policy = policy
+            self._samples.resize(policy.calibration_window, policy.prefill_rate_max_age_s)
+
+    def observe(self, predicted_s: float, actual_s: float, now: float) -> None:
+        """One admitted request's predicted and actual seconds from queueing to its first token."""
+        if predicted_s > 0 and actual_s >= 0:
+            self._samples.add(actual_s / predicted_s, now)
+
+    def factor(self, now: float) -> float:
+        """What a predicted wait is multiplied by before it may refuse a request (≤ 1)."""
+        confidence = self.policy.refusal_confidence
+        self._samples.expire(now)
+        if confidence is None or len(self._samples) < self.policy.calibration_min_samples:
+            return 1.0
+        return min(1.0, self._samples.quantile(1.0 - confidence))
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +168,7 @@ class QueueGuard:
         self.pool = pool
         self.slot_wait = slot_wait
         self.capacity_lost = capacity_lost  # what the pool lost (turnover.capacity_lost); None: whole
+        self.calibration = WaitCalibration(rate.policy)
         self.rejections: Counter[tuple[str, str]] = Counter()
 
     def predict(self, entry: Entry, now: float, backends: float, ahead: int | None = None) -> Prediction:
@@ -189,6 +219,18 @@ class QueueGuard:
             self._refuse(ErrorCode.DISPLACED, cls, displaced_error())
         self.queue.push(entry)
         return victim
+
+    def refusal_factor(self, now: float) -> float:
+        """What a predicted wait is scaled by before it may refuse a request (WaitCalibration.factor)."""
+        self.calibration.configure(self.queue_policy)
+        return self.calibration.factor(now)
+
+    def calibrate(self, entry: Entry, now: float) -> None:
+        """`entry`, admitted on a predicted wait, saw its first byte at `now`: how its prediction held."""
+        predicted = entry.ticket.predicted_first_token
+        if entry.judged_by_wait and not entry.requeued and predicted is not None:
+            self.calibration.configure(self.queue_policy)
+            self.calibration.observe(predicted - entry.enqueued_at, now - entry.enqueued_at, now)
 
     def sent_now(self, entry: Entry, now: float) -> float:
         """`entry`'s first token if it were dispatched at `now` and prefilled at the engine's nominal rate."""
@@ -261,29 +303,28 @@ class QueueGuard:
         head = entries_ahead == 0
         wait = ask() if head else None
         p = self.predict(entry, now, backends, ahead)
-        if head and self._in_time(entry, now, 0, wait):
+        if head and wait == 0.0:  # room now: it starts at once, whatever the rate says
             return None, self._first_token(entry, now, p, wait)
-        if p.first_token <= entry.deadline:
+        factor = self.refusal_factor(now)
+        entry.judged_by_wait = True
+        if head and wait is not None and self._in_time(entry, now, self.sent_now(entry, now) + wait, factor):
+            return None, self._first_token(entry, now, p, wait)
+        if self._in_time(entry, now, p.first_token, factor):
             if head:
                 return None, self._first_token(entry, now, p, wait)
             wait = ask()
-            if self._in_time(entry, now, entries_ahead, wait):
+            if wait is None or self._in_time(entry, now, self.sent_now(entry, now) + wait, factor):
                 return None, self._first_token(entry, now, p, wait)
         elif not head:
             wait = ask()  # for the refusal's words
         return self._deadline_refusal(entry, now, p, wait), None
 
-    def _in_time(self, entry: Entry, now: float, entries_ahead: int, wait: float | None) -> bool:
-        """Will `entry` get a slot `wait` seconds from now (after the `entries_ahead` before it), and
-        prefill, before its deadline? Room now: yes, whatever the rate. Unpredictable slots: no for the
-        head (the queue prediction then decides alone), yes past it (only the prefill prediction speaks)."""
-        if wait is None:
-            return entries_ahead > 0
-        return wait == 0.0 or self._slot_in_time(entry, now, wait)
-
-    def _slot_in_time(self, entry: Entry, now: float, wait: float) -> bool:
-        """A slot `wait` seconds from now, then its own prefill at the engine's nominal rate: in time?"""
-        return wait <= self.slack(entry, now)
+    @staticmethod
+    def _in_time(entry: Entry, now: float, first_token: float, factor: float) -> bool:
+        """Does a first token predicted at `first_token` meet `entry`'s deadline, its wait from `now`
+        scaled by the calibration `factor` (WaitCalibration: a refusal needs the prediction to miss by
+        more than its recent error)?"""
+        return now + (first_token - now) * factor <= entry.deadline
 
     def _first_token(self, entry: Entry, now: float, p: Prediction, wait: float | None) -> float:
         """The predicted first token: the queue's prediction, or later when a slot frees only `wait`

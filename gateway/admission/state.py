@@ -38,6 +38,7 @@ class PoolView:
     rejections: Mapping[tuple[str, str], int]
     limit_values: Mapping[str, float]  # each backend's limit unrounded: the controller's state
     prefill_duties: Mapping[str, float]  # each backend's share of the prefill rate the rounds meter out
+    refusal_factor: float  # what a predicted wait is scaled by before it may refuse (WaitCalibration)
     shared: Mapping[str, dict[str, Any]] | None = None  # per backend URL, when replicas share the engines
 
 
@@ -62,6 +63,7 @@ def pool_snapshot(v: PoolView) -> dict[str, Any]:
         "borrowed_in_flight": v.borrowed,
         "lent_in_flight": v.lent,
         "prefill_tokens_per_s": v.ctx.prefill_rate,
+        "refusal_wait_factor": round(v.refusal_factor, 3),
         "prefill_tokens_per_round": budgets.prefill_tokens_per_round,
         "rejections": {f"{reason}/{cls}": n for (reason, cls), n in sorted(v.rejections.items())},
         "backends": [
