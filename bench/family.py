@@ -76,6 +76,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "spacing": {"budgets": {"shield": {"duty": None}}},
     "standing (and the tenant headroom)": {"fairness": {"reserve_fraction": 0.0}},
     "adaptive LIFO": {"queue": {"lifo_after_fraction": None}},
+    "calibrated wait of a refusal": {"queue": {"refusal_confidence": None}},
     "band reserve": {"queue": {"priorities": {"reserve_fraction": 0.0}}},
     "limit steering (gain ≈ 0: the limit stays at its initial 32)": {"controller": {"gain": 1e-9}},
     "tail shape (aim the P90 at headroom)": {"controller": {"tail_shape": False}},

@@ -207,8 +207,9 @@ class House:
         return f"http://127.0.0.1:{port}"
 
     def stop(self, name: str, url: str) -> None:
-        """Print the gateway's own view (rejections by reason, final limits and prefill duties) and its CPU
-        share (near 100 % means the gateway, not admission, set the figures), then stop it."""
+        """Print the gateway's own view (rejections by reason, final limits, prefill duties and the
+        refusals' wait factor) and its CPU share (near 100 % means the gateway, not admission, set the
+        figures), then stop it."""
         pid = self.procs.procs[name].pid
         cpu = cpu_seconds(pid) / max(1e-9, time.monotonic() - self.started.pop(name))
         print(f"  {name}: gateway CPU {cpu:.0%} of one core", flush=True)
@@ -218,7 +219,8 @@ class House:
             limits = [b["limit"] for b in snap["backends"]]
             duties = [b["prefill_duty"] for b in snap["backends"]]
             print(
-                f"  {name}: rejections {snap['rejections']}, final limits {limits}, prefill duties {duties}",
+                f"  {name}: rejections {snap['rejections']}, final limits {limits}, prefill duties {duties}, "
+                f"refusal wait factor {snap['refusal_wait_factor']}",
                 flush=True,
             )
             indexes = [b["prefix_index"] for b in snap["backends"] if b["prefix_index"]["requests"]]
