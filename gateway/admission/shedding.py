@@ -307,13 +307,17 @@ class QueueGuard:
             return None, self._first_token(entry, now, p, wait)
         factor = self.refusal_factor(now)
         entry.judged_by_wait = True
-        if head and wait is not None and self._in_time(entry, now, self.sent_now(entry, now) + wait, factor):
+        if (
+            head
+            and wait is not None
+            and self._in_time(entry, now, self._after_slot(entry, now, wait), factor)
+        ):
             return None, self._first_token(entry, now, p, wait)
         if self._in_time(entry, now, p.first_token, factor):
             if head:
                 return None, self._first_token(entry, now, p, wait)
             wait = ask()
-            if wait is None or self._in_time(entry, now, self.sent_now(entry, now) + wait, factor):
+            if wait is None or self._in_time(entry, now, self._after_slot(entry, now, wait), factor):
                 return None, self._first_token(entry, now, p, wait)
         elif not head:
             wait = ask()  # for the refusal's words
@@ -331,7 +335,12 @@ class QueueGuard:
         seconds from now and the prompt then prefills at the engine's nominal rate."""
         if wait is None:
             return p.first_token
-        return max(p.first_token, wait + self.sent_now(entry, now))
+        return max(p.first_token, self._after_slot(entry, now, wait))
+
+    def _after_slot(self, entry: Entry, now: float, wait: float) -> float:
+        """`entry`'s first token if a slot frees `wait` seconds from now and it then prefills at the
+        engine's nominal rate."""
+        return self.sent_now(entry, now) + wait
 
     def _deadline_refusal(
         self, entry: Entry, now: float, p: Prediction, wait: float | None, slot: str | None = None
